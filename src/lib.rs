@@ -1,0 +1,3 @@
+//! tokio-rdma
+#[allow(dead_code)]
+mod sys;
