@@ -8,6 +8,8 @@
 //!
 //! Missing prerequisites stop the build with a message naming the Debian package to install.
 
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a build script talks to cargo on stdout
+
 use std::env;
 use std::path::{Path, PathBuf};
 
@@ -64,7 +66,8 @@ fn main() {
     }
 
     // bindgen loads libclang at run time and panics if it cannot; turn that into a clear message.
-    let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+    let generated =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
     let bindings = match generated {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => fail(&format!(

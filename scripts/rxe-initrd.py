@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Build the initramfs that scripts/rxe-vm boots.
+
+The initramfs holds a static busybox, the stage-1 init script (scripts/rxe-vm-init.sh) and the
+kernel modules the soft-RoCE VM needs (virtio, 9p, rdma_rxe + RDMA CM, dummy, ...) together with
+everything they depend on, resolved from modules.dep and listed in load order in
+/lib/modules/load-order. Modules compressed with xz (Debian 6.12) are stored decompressed
+because busybox insmod cannot read them.
+
+The archive (newc cpio, gzip) is deterministic: same inputs, same bytes.
+
+Usage: rxe-initrd.py --modules DIR --init FILE --busybox FILE --output FILE
+  DIR is a kernel's lib/modules/KVER directory on which depmod has been run.
+"""
+
+import argparse
+import gzip
+import lzma
+import os
+import sys
+
+# Modules the VM cannot work without, by module name ('-' and '_' are equivalent).
+REQUIRED = [
+    "virtio_pci",  # virtio transport for the 9p shares and the output port
+    "virtio_console",  # virtio serial port carrying COMMAND's output to the host
+    "9pnet_virtio",
+    "9p",
+    "ib_uverbs",
+    "rdma_rxe",
+    "crc32_generic",  # rxe looks up "crc32" in the crypto API: without it `rdma link add` fails
+    "rdma_ucm",  # RDMA CM from user space (rdma_cm, iw_cm, ib_cm, configfs come as dependencies)
+    "dummy",  # rxe cannot be bound to lo: it sits on dummy0
+]
+# Loaded when the kernel has them: useful for tests, not needed to boot.
+OPTIONAL = [
+    "virtio_rng",  # early entropy (getrandom) if qemu provides virtio-rng
+    "virtio_net",  # for multi-VM setups over a QEMU socket netdev
+    "veth",
+    "sch_netem",
+]
+BUSYBOX_APPLETS = [
+    "sh", "mount", "mkdir", "insmod", "chroot", "poweroff", "cat", "echo", "dmesg",
+    "tail", "sleep", "hostname", "ls",
+]
+
+
+def norm(name):
+    return name.replace("-", "_")
+
+
+def module_name(path):
+    base = os.path.basename(path)
+    return norm(base[: base.index(".ko")])
+
+
+def read_modules_dep(mdir):
+    deps = {}
+    with open(os.path.join(mdir, "modules.dep"), encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            mod, rest = line.split(":", 1)
+            deps[mod] = rest.split()
+    return deps
+
+
+def read_builtin(mdir):
+    names = set()
+    path = os.path.join(mdir, "modules.builtin")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    names.add(module_name(line.strip()))
+    return names
+
+
+def load_order(mdir):
+    deps = read_modules_dep(mdir)
+    by_name = {module_name(p): p for p in deps}
+    builtin = read_builtin(mdir)
+    order, seen = [], set()
+
+    def visit(path):
+        if path in seen:
+            return
+        seen.add(path)
+        for dep in deps[path]:
+            visit(dep)
+        order.append(path)
+
+    for name in REQUIRED + OPTIONAL:
+        if name in by_name:
+            visit(by_name[name])
+        elif name in builtin:
+            pass
+        elif name in REQUIRED:
+            sys.exit(f"rxe-initrd: module {name} is neither a module nor built into this kernel")
+        else:
+            print(f"rxe-initrd: optional module {name} not available, skipped", file=sys.stderr)
+    return order
+
+
+def is_static_elf(path):
+    """True if the ELF file at path has no PT_INTERP program header (statically linked)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:  # 64-bit little endian only
+        return False
+    phoff = int.from_bytes(data[0x20:0x28], "little")
+    phentsize = int.from_bytes(data[0x36:0x38], "little")
+    phnum = int.from_bytes(data[0x38:0x3A], "little")
+    for i in range(phnum):
+        off = phoff + i * phentsize
+        if int.from_bytes(data[off : off + 4], "little") == 3:  # PT_INTERP
+            return False
+    return True
+
+
+class Cpio:
+    """Minimal writer of the newc cpio format the kernel unpacks into its rootfs."""
+
+    def __init__(self):
+        self.parts = []
+        self.ino = 1
+
+    def _entry(self, name, mode, data=b"", rdev=(0, 0)):
+        namez = name.encode() + b"\0"
+        fields = [self.ino, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(namez), 0]
+        self.ino += 1
+        hdr = b"070701" + b"".join(b"%08X" % v for v in fields)
+        self.parts.append(hdr + namez + b"\0" * (-(len(hdr) + len(namez)) % 4))
+        self.parts.append(data + b"\0" * (-len(data) % 4))
+
+    def dir(self, name):
+        self._entry(name, 0o040755)
+
+    def file(self, name, data, mode=0o644):
+        self._entry(name, 0o100000 | mode, data)
+
+    def symlink(self, name, target):
+        self._entry(name, 0o120777, target.encode())
+
+    def chardev(self, name, major, minor, mode=0o600):
+        self._entry(name, 0o020000 | mode, rdev=(major, minor))
+
+    def finish(self):
+        self._entry("TRAILER!!!", 0)
+        return b"".join(self.parts)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap.add_argument("--modules", required=True, help="the kernel's lib/modules/KVER directory")
+    ap.add_argument("--init", required=True, help="stage-1 init script")
+    ap.add_argument("--busybox", required=True, help="a statically linked busybox")
+    ap.add_argument("--output", required=True, help="initramfs to write (gzip-compressed cpio)")
+    args = ap.parse_args()
+
+    if not is_static_elf(args.busybox):
+        sys.exit(f"rxe-initrd: {args.busybox} is not a static x86-64 ELF (install busybox-static)")
+
+    cpio = Cpio()
+    for d in ["bin", "dev", "proc", "sys", "host", "lib", "lib/modules"]:
+        cpio.dir(d)
+    cpio.chardev("dev/console", 5, 1)
+    with open(args.busybox, "rb") as f:
+        cpio.file("bin/busybox", f.read(), 0o755)
+    for applet in BUSYBOX_APPLETS:
+        cpio.symlink(f"bin/{applet}", "busybox")
+    with open(args.init, "rb") as f:
+        cpio.file("init", f.read(), 0o755)
+
+    names = []
+    for i, rel in enumerate(load_order(args.modules)):
+        with open(os.path.join(args.modules, rel), "rb") as f:
+            data = f.read()
+        if rel.endswith(".xz"):
+            data = lzma.decompress(data)
+        elif not rel.endswith(".ko"):
+            sys.exit(f"rxe-initrd: unsupported module compression: {rel}")
+        name = f"{i:02d}-{module_name(rel)}.ko"
+        cpio.file(f"lib/modules/{name}", data)
+        names.append(name)
+    cpio.file("lib/modules/load-order", "".join(n + "\n" for n in names).encode())
+
+    tmp = args.output + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(gzip.compress(cpio.finish(), compresslevel=6, mtime=0))
+    os.replace(tmp, args.output)
+    print(" ".join(n[3:-3] for n in names))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+#!/bin/sh
+# rxe-vm stage 2: runs in the guest as root, chrooted into the host's (read-only) root, under the
+# host's /bin/sh. scripts/rxe-vm copies it into the per-run control directory, which the guest
+# sees at /run/rxe-vm/ctl (writable 9p share) next to:
+#   config   sourced here: RXE_VM_CWD (directory COMMAND runs in), RXE_VM_OUT (host --out
+#            directory, mounted at the same path; empty without --out)
+#   cmd.sh   run with an empty environment: exports COMMAND's environment, then execs COMMAND
+# It mounts the pseudo file systems and tmpfs on /tmp, creates dummy0 (192.0.2.1/24) and rxe0 on
+# it, waits until rxe0 is ACTIVE with its IPv4 GID and listed by ibv_devices, raises the
+# memlock limit and runs COMMAND with stdout+stderr on the virtio serial port "rxe-vm.out",
+# which qemu writes to a host file that rxe-vm streams.
+# Outcome, written to ctl/status and echoed on the console as "RXE_VM_STATUS <outcome>":
+#   exit N             COMMAND ran and exited with status N
+#   fail CODE WHY      setup failed (CODE 122: guest setup, 123: RDMA setup; see rxe-vm)
+# Progress goes to the console (the guest console log on the host).
+
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+ctl=/run/rxe-vm/ctl
+p9=trans=virtio,version=9p2000.L,msize=512000
+
+log() {
+	echo "rxe-vm-guest: [$(cut -d' ' -f1 /proc/uptime 2>/dev/null)] $*"
+}
+
+status() {
+	printf '%s\n' "$*" >"$ctl/status.tmp" && mv -f "$ctl/status.tmp" "$ctl/status"
+	echo "RXE_VM_STATUS $*"
+}
+
+fail() {
+	code=$1
+	shift
+	msg=$(printf '%s' "$*" | tr '\n' ' ')
+	log "$msg"
+	dmesg 2>/dev/null | tail -n 40
+	status "fail $code $msg"
+	exit 1
+}
+
+mount -t proc proc /proc || fail 122 "cannot mount /proc"
+mount -t sysfs sysfs /sys || fail 122 "cannot mount /sys"
+mount -t devtmpfs devtmpfs /dev || fail 122 "cannot mount /dev"
+mkdir -p /dev/pts /dev/shm
+mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts || fail 122 "cannot mount /dev/pts"
+mount -t tmpfs -o mode=1777 shm /dev/shm || fail 122 "cannot mount /dev/shm"
+mount -t tmpfs -o mode=1777 tmp /tmp || fail 122 "cannot mount a tmpfs on /tmp"
+log "stage 2 started"
+
+[ -r "$ctl/config" ] || fail 122 "$ctl/config missing"
+RXE_VM_CWD=
+RXE_VM_OUT=
+# shellcheck source=/dev/null
+. "$ctl/config"
+
+if [ -n "$RXE_VM_OUT" ]; then
+	# Exists already if visible in the host root; created in a tmpfs if under /tmp or /run.
+	mkdir -p "$RXE_VM_OUT" 2>/dev/null
+	mount -t 9p -o "$p9" rxevmout "$RXE_VM_OUT" ||
+		fail 122 "cannot mount the --out share (9p tag rxevmout) on $RXE_VM_OUT"
+fi
+
+port=
+for d in /sys/class/virtio-ports/*; do
+	if [ "$(cat "$d/name" 2>/dev/null)" = rxe-vm.out ]; then
+		port=/dev/${d##*/}
+	fi
+done
+if [ -z "$port" ] || [ ! -c "$port" ]; then
+	fail 122 "virtio serial port rxe-vm.out not found"
+fi
+
+# rxe cannot sit on lo: put it on a dummy device. Both ends of a connection use 192.0.2.1 and
+# rxe's internal loopback path.
+ip link set lo up || fail 123 "cannot bring lo up"
+if ! ip link show dummy0 >/dev/null 2>&1; then
+	ip link add dummy0 type dummy || fail 123 "cannot create dummy0"
+fi
+ip addr add 192.0.2.1/24 dev dummy0 || fail 123 "cannot add 192.0.2.1/24 to dummy0"
+ip link set dummy0 up || fail 123 "cannot bring dummy0 up"
+out=$(rdma link add rxe0 type rxe netdev dummy0 2>&1) ||
+	fail 123 "'rdma link add rxe0 type rxe netdev dummy0' failed: $out"
+
+# GIDs are filled in asynchronously: wait for the port and for the IPv4 GID of 192.0.2.1.
+port_dir=/sys/class/infiniband/rxe0/ports/1
+i=0
+while :; do
+	state=$(cat "$port_dir/state" 2>/dev/null)
+	case $state in
+	*ACTIVE*)
+		if cat "$port_dir"/gids/[0-9] 2>/dev/null | grep -q ':ffff:c000:0201$'; then
+			break
+		fi
+		;;
+	esac
+	i=$((i + 1))
+	[ "$i" -lt 200 ] || fail 123 "rxe0 not ready after 20 s (port state: ${state:-none}, no GID for 192.0.2.1)"
+	sleep 0.1
+done
+devs=$(ibv_devices 2>&1)
+printf '%s\n' "$devs" | grep -qw rxe0 || fail 123 "ibv_devices does not list rxe0: $devs"
+# shellcheck disable=SC3045 # dash, the host's /bin/sh, has ulimit -l
+ulimit -l unlimited || fail 123 "ulimit -l unlimited failed"
+log "rxe0 ready on dummy0 (192.0.2.1)"
+
+cd "$RXE_VM_CWD" || fail 122 "cannot cd to $RXE_VM_CWD in the guest"
+: >"$ctl/started"
+log "running the command"
+env -i /bin/sh "$ctl/cmd.sh" </dev/null >"$port" 2>&1
+rc=$?
+log "the command exited with status $rc"
+status "exit $rc"

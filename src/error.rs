@@ -1,0 +1,366 @@
+//! The crate's error type.
+//!
+//! Every failing verb has its own variant carrying the OS error it returned, so a log line or a
+//! test failure names the exact call that failed. Failed work completions carry the
+//! [`WcStatus`] the device reported.
+
+use std::fmt;
+use std::io;
+
+use crate::verbs::QpState;
+
+/// A specialised `Result` for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors from the RDMA verbs, the connection layer and the async engine.
+///
+/// Each verb that can fail has one variant holding the `errno` it returned as a
+/// [`std::io::Error`] (its `source`). Convert into [`std::io::Error`] with `?` or `.into()`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use tokio_rdma::verbs::Context;
+///
+/// match Context::open("no-such-device") {
+///     Err(tokio_rdma::Error::DeviceNotFound { name, available }) => {
+///         eprintln!("{name} not found; devices here: {available:?}");
+///     }
+///     other => { let _ = other; }
+/// }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `ibv_get_device_list` failed (for example the kernel has no RDMA support).
+    #[error("ibv_get_device_list failed")]
+    GetDeviceList(#[source] io::Error),
+    /// No RDMA device with the requested name exists.
+    #[error("RDMA device {name:?} not found (available: {available:?})")]
+    DeviceNotFound {
+        /// The requested device name.
+        name: String,
+        /// The names of the devices that do exist.
+        available: Vec<String>,
+    },
+    /// No device has a port in the ACTIVE state.
+    #[error("no RDMA device has an active port (devices: {devices:?})")]
+    NoActivePort {
+        /// The devices that were inspected.
+        devices: Vec<String>,
+    },
+    /// `ibv_open_device` failed.
+    #[error("ibv_open_device({name}) failed")]
+    OpenDevice {
+        /// The device name.
+        name: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `ibv_query_device` failed.
+    #[error("ibv_query_device failed")]
+    QueryDevice(#[source] io::Error),
+    /// `ibv_query_port` failed.
+    #[error("ibv_query_port(port {port}) failed")]
+    QueryPort {
+        /// The port number.
+        port: u8,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `ibv_query_gid_table` / `ibv_query_gid` failed.
+    #[error("querying the GID table of port {port} failed")]
+    QueryGid {
+        /// The port number.
+        port: u8,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The port has no GID usable for RoCE / InfiniBand addressing.
+    #[error("port {port} has no usable GID")]
+    NoUsableGid {
+        /// The port number.
+        port: u8,
+    },
+    /// `ibv_alloc_pd` failed.
+    #[error("ibv_alloc_pd failed")]
+    AllocPd(#[source] io::Error),
+    /// `ibv_create_comp_channel` failed.
+    #[error("ibv_create_comp_channel failed")]
+    CreateCompChannel(#[source] io::Error),
+    /// `ibv_create_cq` failed.
+    #[error("ibv_create_cq(cqe={cqe}) failed")]
+    CreateCq {
+        /// Requested number of entries.
+        cqe: u32,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `ibv_req_notify_cq` failed.
+    #[error("ibv_req_notify_cq failed")]
+    ReqNotifyCq(#[source] io::Error),
+    /// `ibv_poll_cq` failed.
+    #[error("ibv_poll_cq failed")]
+    PollCq(#[source] io::Error),
+    /// `ibv_get_cq_event` failed.
+    #[error("ibv_get_cq_event failed")]
+    GetCqEvent(#[source] io::Error),
+    /// `ibv_create_qp` failed.
+    #[error("ibv_create_qp failed")]
+    CreateQp(#[source] io::Error),
+    /// `ibv_modify_qp` failed while moving the queue pair to `to`.
+    #[error("ibv_modify_qp to {to:?} failed")]
+    ModifyQp {
+        /// The target state.
+        to: QpState,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `ibv_query_qp` failed.
+    #[error("ibv_query_qp failed")]
+    QueryQp(#[source] io::Error),
+    /// `ibv_reg_mr` failed.
+    ///
+    /// `ENOMEM`/`EPERM`/`EFAULT` here usually mean the locked-memory limit (`RLIMIT_MEMLOCK`,
+    /// `ulimit -l`) is too low for the registration.
+    #[error("ibv_reg_mr of {len} bytes failed{hint}", hint = memlock_hint(source))]
+    RegMr {
+        /// Length of the region.
+        len: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `ibv_post_send` failed (nothing from index `bad_index` on was posted).
+    #[error("ibv_post_send failed at work request {bad_index}")]
+    PostSend {
+        /// Index of the first work request that was not posted.
+        bad_index: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `ibv_post_recv` failed (nothing from index `bad_index` on was posted).
+    #[error("ibv_post_recv failed at work request {bad_index}")]
+    PostRecv {
+        /// Index of the first work request that was not posted.
+        bad_index: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A work request completed with an error status.
+    #[error("work completion failed: {status} (vendor error {vendor_err:#x})")]
+    WorkCompletion {
+        /// The status the device reported.
+        status: WcStatus,
+        /// The vendor-specific syndrome.
+        vendor_err: u32,
+    },
+    /// An argument was rejected before any verb was called.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+fn memlock_hint(err: &io::Error) -> &'static str {
+    match err.raw_os_error() {
+        Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EFAULT) => {
+            " (is RLIMIT_MEMLOCK / `ulimit -l` large enough?)"
+        }
+        _ => "",
+    }
+}
+
+impl Error {
+    /// The underlying OS error code, if this error came from a failing verb.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        std::error::Error::source(self)
+            .and_then(|s| s.downcast_ref::<io::Error>())
+            .and_then(io::Error::raw_os_error)
+    }
+
+    /// Builds the error for a verb that returned `-1` and set `errno`.
+    pub(crate) fn last_os(f: impl FnOnce(io::Error) -> Error) -> Error {
+        f(io::Error::last_os_error())
+    }
+
+    /// Builds the error for a verb that returns its error code directly (`ibv_post_send`,
+    /// `ibv_modify_qp`, ...). Some providers return a negative code; both are accepted.
+    pub(crate) fn code(code: i32, f: impl FnOnce(io::Error) -> Error) -> Error {
+        f(io::Error::from_raw_os_error(code.abs()))
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(err: Error) -> io::Error {
+        let kind = match &err {
+            Error::DeviceNotFound { .. } | Error::NoActivePort { .. } => io::ErrorKind::NotFound,
+            Error::InvalidArgument(_) => io::ErrorKind::InvalidInput,
+            Error::WorkCompletion { status, .. } => status.io_kind(),
+            Error::RegMr { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
+                io::ErrorKind::OutOfMemory
+            }
+            other => match other.raw_os_error() {
+                Some(code) => io::Error::from_raw_os_error(code).kind(),
+                None => io::ErrorKind::Other,
+            },
+        };
+        io::Error::new(kind, err)
+    }
+}
+
+macro_rules! wc_status {
+    ($( $variant:ident = $c:ident, $desc:literal; )*) => {
+        /// The status of a work completion (`enum ibv_wc_status`).
+        ///
+        /// `Display` prints the verbs name (e.g. `IBV_WC_REM_ACCESS_ERR`) and a description.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum WcStatus {
+            $(
+                #[doc = $desc]
+                $variant,
+            )*
+            /// A status value this crate does not know.
+            Unknown(u32),
+        }
+
+        impl WcStatus {
+            /// Converts the raw `ibv_wc_status` value.
+            pub fn from_raw(raw: u32) -> WcStatus {
+                match raw {
+                    $( x if x == crate::sys::$c => WcStatus::$variant, )*
+                    other => WcStatus::Unknown(other),
+                }
+            }
+
+            /// The verbs name of the status, e.g. `"IBV_WC_SUCCESS"`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( WcStatus::$variant => stringify!($c), )*
+                    WcStatus::Unknown(_) => "IBV_WC_UNKNOWN",
+                }
+            }
+
+            /// A short description of the status.
+            pub fn description(self) -> &'static str {
+                match self {
+                    $( WcStatus::$variant => $desc, )*
+                    WcStatus::Unknown(_) => "unknown status",
+                }
+            }
+        }
+    };
+}
+
+wc_status! {
+    Success = IBV_WC_SUCCESS, "Success.";
+    LocLenErr = IBV_WC_LOC_LEN_ERR, "Local length error.";
+    LocQpOpErr = IBV_WC_LOC_QP_OP_ERR, "Local QP operation error.";
+    LocEecOpErr = IBV_WC_LOC_EEC_OP_ERR, "Local EE context operation error.";
+    LocProtErr = IBV_WC_LOC_PROT_ERR, "Local protection error.";
+    WrFlushErr = IBV_WC_WR_FLUSH_ERR, "Work request flushed (the queue pair is in the error state).";
+    MwBindErr = IBV_WC_MW_BIND_ERR, "Memory window bind error.";
+    BadRespErr = IBV_WC_BAD_RESP_ERR, "Bad response error.";
+    LocAccessErr = IBV_WC_LOC_ACCESS_ERR, "Local access error.";
+    RemInvReqErr = IBV_WC_REM_INV_REQ_ERR, "Remote invalid request error.";
+    RemAccessErr = IBV_WC_REM_ACCESS_ERR, "Remote access error.";
+    RemOpErr = IBV_WC_REM_OP_ERR, "Remote operation error.";
+    RetryExcErr = IBV_WC_RETRY_EXC_ERR, "Transport retry counter exceeded.";
+    RnrRetryExcErr = IBV_WC_RNR_RETRY_EXC_ERR, "RNR retry counter exceeded.";
+    LocRddViolErr = IBV_WC_LOC_RDD_VIOL_ERR, "Local RDD violation error.";
+    RemInvRdReqErr = IBV_WC_REM_INV_RD_REQ_ERR, "Remote invalid RD request.";
+    RemAbortErr = IBV_WC_REM_ABORT_ERR, "Remote aborted error.";
+    InvEecnErr = IBV_WC_INV_EECN_ERR, "Invalid EE context number.";
+    InvEecStateErr = IBV_WC_INV_EEC_STATE_ERR, "Invalid EE context state.";
+    FatalErr = IBV_WC_FATAL_ERR, "Fatal error.";
+    RespTimeoutErr = IBV_WC_RESP_TIMEOUT_ERR, "Response timeout error.";
+    GeneralErr = IBV_WC_GENERAL_ERR, "General error.";
+    TmErr = IBV_WC_TM_ERR, "Tag matching error.";
+    TmRndvIncomplete = IBV_WC_TM_RNDV_INCOMPLETE, "Tag matching rendezvous incomplete.";
+}
+
+impl WcStatus {
+    /// Whether this is [`WcStatus::Success`].
+    pub fn is_success(self) -> bool {
+        self == WcStatus::Success
+    }
+
+    fn io_kind(self) -> io::ErrorKind {
+        match self {
+            WcStatus::RemAccessErr | WcStatus::LocProtErr | WcStatus::LocAccessErr => {
+                io::ErrorKind::PermissionDenied
+            }
+            WcStatus::RetryExcErr | WcStatus::RespTimeoutErr => io::ErrorKind::TimedOut,
+            WcStatus::WrFlushErr => io::ErrorKind::ConnectionAborted,
+            WcStatus::RnrRetryExcErr | WcStatus::RemAbortErr => io::ErrorKind::ConnectionReset,
+            WcStatus::LocLenErr | WcStatus::RemInvReqErr => io::ErrorKind::InvalidInput,
+            _ => io::ErrorKind::Other,
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WcStatus::Unknown(raw) => write!(f, "IBV_WC_UNKNOWN({raw})"),
+            s => write!(
+                f,
+                "{} ({})",
+                s.name(),
+                s.description().trim_end_matches('.')
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wc_status_names_round_trip() {
+        assert_eq!(
+            WcStatus::from_raw(crate::sys::IBV_WC_SUCCESS),
+            WcStatus::Success
+        );
+        let s = WcStatus::from_raw(crate::sys::IBV_WC_REM_ACCESS_ERR);
+        assert_eq!(s.name(), "IBV_WC_REM_ACCESS_ERR");
+        assert_eq!(s.to_string(), "IBV_WC_REM_ACCESS_ERR (Remote access error)");
+        assert_eq!(WcStatus::from_raw(9999), WcStatus::Unknown(9999));
+    }
+
+    #[test]
+    fn io_error_kinds() {
+        let e: io::Error = Error::WorkCompletion {
+            status: WcStatus::RemAccessErr,
+            vendor_err: 0,
+        }
+        .into();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        let e: io::Error = Error::DeviceNotFound {
+            name: "x".into(),
+            available: vec![],
+        }
+        .into();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let e: io::Error =
+            Error::code(libc::ENOMEM, |source| Error::RegMr { len: 1, source }).into();
+        assert_eq!(e.kind(), io::ErrorKind::OutOfMemory);
+        assert!(
+            Error::code(-libc::EINVAL, Error::AllocPd).raw_os_error() == Some(libc::EINVAL),
+            "negative codes are normalised"
+        );
+    }
+
+    #[test]
+    fn reg_mr_names_memlock() {
+        let e = Error::code(libc::ENOMEM, |source| Error::RegMr { len: 4096, source });
+        assert!(e.to_string().contains("RLIMIT_MEMLOCK"), "{e}");
+    }
+}

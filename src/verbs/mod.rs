@@ -1,0 +1,46 @@
+//! Safe RAII wrappers over libibverbs: the only module that calls FFI.
+//!
+//! One file per verb object. Every handle keeps its parent alive through an `Arc`, so a
+//! [`ProtectionDomain`] outlives the [`MemoryRegion`]s and [`QueuePair`]s created from it, and
+//! the [`Context`] outlives everything. `Drop` destroys the object.
+//!
+//! Posting work requests is `unsafe` at this level: the device reads and writes the memory the
+//! scatter/gather entries name until the work completion is polled, which the type system
+//! cannot see here. The async layer above wraps posting in futures that own their buffers.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use tokio_rdma::verbs::{Context, CompletionQueue, ProtectionDomain, QpInitAttr, QueuePair};
+//!
+//! # fn main() -> tokio_rdma::Result<()> {
+//! let (ctx, port) = Context::open_first_active()?;
+//! let pd = ProtectionDomain::new(&ctx)?;
+//! let cq = CompletionQueue::new(&ctx, 256, None)?;
+//! let qp = QueuePair::new_rc(&pd, &QpInitAttr::new(&cq, &cq))?;
+//! let me = qp.local_endpoint(port, None)?;
+//! println!("qpn {} on {} port {port}", me.qpn, ctx.name());
+//! # Ok(()) }
+//! ```
+
+mod channel;
+mod context;
+mod cq;
+mod device;
+mod mr;
+mod pd;
+mod qp;
+mod types;
+mod wc;
+mod wr;
+
+pub use channel::CompletionChannel;
+pub use context::{Context, DeviceAttr, GidEntry, PortAttr};
+pub use cq::{CompletionQueue, CqId};
+pub use device::{DeviceInfo, devices};
+pub use mr::{MemoryRegion, RegisteredBuffer};
+pub use pd::ProtectionDomain;
+pub use qp::{Endpoint, QpCaps, QpInitAttr, QpState, QueuePair, RtrOptions, RtsOptions};
+pub use types::{AccessFlags, Gid, GidType, Mtu, PortState};
+pub use wc::{WcBatch, WcOpcode, WorkCompletion};
+pub use wr::{RecvWr, SendOp, SendWr, Sge};
