@@ -36,6 +36,11 @@ impl AccessFlags {
     /// Memory windows may be bound to this region.
     pub const MW_BIND: AccessFlags = AccessFlags(sys::IBV_ACCESS_MW_BIND);
 
+    /// The union of two sets of rights (usable in `const` items).
+    pub const fn union(self, other: AccessFlags) -> AccessFlags {
+        AccessFlags(self.0 | other.0)
+    }
+
     /// The raw `ibv_access_flags` bits.
     pub fn bits(self) -> u32 {
         self.0

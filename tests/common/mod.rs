@@ -1,0 +1,94 @@
+//! Shared setup for device tests: two RC queue pairs on one device, connected to each other.
+//!
+//! Device tests are `#[ignore]`d so that a plain `cargo test` on a host without RDMA shows them
+//! as not run; `scripts/test` runs them with `--ignored` inside the soft-RoCE VM, where a
+//! missing device makes them fail.
+#![allow(dead_code, clippy::print_stdout)]
+
+use std::time::{Duration, Instant};
+
+use tokio_rdma::verbs::{
+    AccessFlags, CompletionQueue, Context, Endpoint, QpInitAttr, QueuePair, RtrOptions, RtsOptions,
+    WcBatch, WorkCompletion,
+};
+
+/// The device under test: `$TOKIO_RDMA_DEVICE`, else `rxe0`.
+pub fn device_name() -> String {
+    std::env::var("TOKIO_RDMA_DEVICE").unwrap_or_else(|_| "rxe0".to_string())
+}
+
+/// Opens the device under test; panics with the list of devices if it is missing.
+pub fn open_device() -> (Context, u8) {
+    let name = device_name();
+    let ctx = Context::open(&name).unwrap_or_else(|e| panic!("opening {name}: {e}"));
+    let port = (1..=ctx.device_attr().phys_port_cnt)
+        .find(|&p| {
+            ctx.query_port(p)
+                .is_ok_and(|a| a.state == tokio_rdma::verbs::PortState::Active)
+        })
+        .unwrap_or_else(|| panic!("{name} has no active port"));
+    (ctx, port)
+}
+
+/// One side of a connected pair.
+pub struct Side {
+    pub qp: QueuePair,
+    pub cq: CompletionQueue,
+    pub ep: Endpoint,
+}
+
+/// Two RC queue pairs on the same device, connected to each other, each with its own CQ.
+pub struct Pair {
+    pub ctx: Context,
+    pub pd: tokio_rdma::verbs::ProtectionDomain,
+    pub a: Side,
+    pub b: Side,
+}
+
+pub fn connected_pair(access: AccessFlags) -> Pair {
+    let (ctx, port) = open_device();
+    let gid = ctx.preferred_gid(port).expect("GID");
+    let pd = tokio_rdma::verbs::ProtectionDomain::new(&ctx).expect("alloc pd");
+    let side = || {
+        let cq = CompletionQueue::new(&ctx, 256, None).expect("create cq");
+        let mut attr = QpInitAttr::new(&cq, &cq);
+        attr.caps.max_inline_data = 64;
+        let qp = QueuePair::new_rc(&pd, &attr).expect("create qp");
+        let ep = qp.local_endpoint(port, Some(gid.index)).expect("endpoint");
+        Side { qp, cq, ep }
+    };
+    let (a, b) = (side(), side());
+    let rtr = RtrOptions::new(port, gid.index as u8);
+    // Short timers: a failing test should fail fast in the slow VM.
+    let rts = RtsOptions {
+        timeout: 14,
+        retry_cnt: 3,
+        rnr_retry: 3,
+        max_rd_atomic: 16,
+    };
+    a.qp.connect(&a.ep, &b.ep, &rtr, &rts, access)
+        .expect("connect a");
+    b.qp.connect(&b.ep, &a.ep, &rtr, &rts, access)
+        .expect("connect b");
+    Pair { ctx, pd, a, b }
+}
+
+/// Polls `cq` until one completion arrives (generous timeout: TCG is slow).
+pub fn poll_one(cq: &CompletionQueue) -> WorkCompletion {
+    let mut batch = WcBatch::with_capacity(1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(wc) = cq.poll(&mut batch).expect("poll cq").first() {
+            return *wc;
+        }
+        assert!(Instant::now() < deadline, "no completion within 30 s");
+        std::thread::yield_now();
+    }
+}
+
+/// A deterministic byte pattern.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
