@@ -26,6 +26,7 @@
 //!
 //! Device tests run on soft-RoCE (`rdma_rxe`) in a QEMU VM: see `docs/testing.md`.
 
+pub mod buf;
 mod error;
 mod sys;
 pub mod verbs;

@@ -1,6 +1,8 @@
 //! Device tests of the verbs layer on a real device (soft-RoCE `rxe0` in the VM): two RC queue
 //! pairs connected to each other, data verified for each operation by polling the CQ.
 
+#![allow(clippy::print_stdout)]
+
 mod common;
 
 use common::{connected_pair, pattern, poll_one};

@@ -3,7 +3,12 @@
 //! Device tests are `#[ignore]`d so that a plain `cargo test` on a host without RDMA shows them
 //! as not run; `scripts/test` runs them with `--ignored` inside the soft-RoCE VM, where a
 //! missing device makes them fail.
-#![allow(dead_code, clippy::print_stdout)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::print_stdout,
+    clippy::undocumented_unsafe_blocks
+)]
 
 use std::time::{Duration, Instant};
 
