@@ -20,7 +20,8 @@ ctl=/run/rxe-vm/ctl
 p9=trans=virtio,version=9p2000.L,msize=512000
 
 log() {
-	echo "rxe-vm-guest: [$(cut -d' ' -f1 /proc/uptime 2>/dev/null)] $*"
+	read -r up _ </proc/uptime
+	echo "rxe-vm-guest: [$up] $*"
 }
 
 status() {
@@ -78,6 +79,7 @@ if ! ip link show dummy0 >/dev/null 2>&1; then
 fi
 ip addr add 192.0.2.1/24 dev dummy0 || fail 123 "cannot add 192.0.2.1/24 to dummy0"
 ip link set dummy0 up || fail 123 "cannot bring dummy0 up"
+log "dummy0 up"
 out=$(rdma link add rxe0 type rxe netdev dummy0 2>&1) ||
 	fail 123 "'rdma link add rxe0 type rxe netdev dummy0' failed: $out"
 
@@ -97,6 +99,7 @@ while :; do
 	[ "$i" -lt 200 ] || fail 123 "rxe0 not ready after 20 s (port state: ${state:-none}, no GID for 192.0.2.1)"
 	sleep 0.1
 done
+log "rxe0 active with its GID"
 devs=$(ibv_devices 2>&1)
 printf '%s\n' "$devs" | grep -qw rxe0 || fail 123 "ibv_devices does not list rxe0: $devs"
 # shellcheck disable=SC3045 # dash, the host's /bin/sh, has ulimit -l

@@ -162,9 +162,84 @@ pub enum Error {
         /// The vendor-specific syndrome.
         vendor_err: u32,
     },
+    /// The queue pair failed (or was closed); the operation did not complete. Every operation
+    /// outstanding on a failed queue pair, and every later one, reports the same cause.
+    #[error("queue pair failed: {0}")]
+    QpFailed(QpFailure),
     /// An argument was rejected before any verb was called.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// `ibv_reg_mr` failed because the locked-memory limit is exhausted: registration pins
+    /// memory, and pinned bytes count against `RLIMIT_MEMLOCK` (`ulimit -l`) unless the process
+    /// has `CAP_IPC_LOCK`.
+    #[error(
+        "ibv_reg_mr of {len} bytes failed: RLIMIT_MEMLOCK (ulimit -l) is {limit} bytes{locked}; \
+         raise it (e.g. `ulimit -l unlimited`, or memlock in /etc/security/limits.conf)",
+        locked = locked_note(*locked)
+    )]
+    MemlockExhausted {
+        /// Length of the region that could not be registered.
+        len: usize,
+        /// The soft `RLIMIT_MEMLOCK` in bytes.
+        limit: u64,
+        /// Bytes the process had locked already (`VmLck`), if known.
+        locked: Option<u64>,
+        /// The OS error `ibv_reg_mr` returned (`ENOMEM` or `EPERM`).
+        #[source]
+        source: io::Error,
+    },
+    /// `mmap` of memory for a registered-buffer pool failed.
+    #[error("mmap of {len} bytes{kind} failed", kind = if *huge { " (2 MiB huge pages)" } else { "" })]
+    MapMemory {
+        /// Requested length.
+        len: usize,
+        /// Whether huge pages were requested.
+        huge: bool,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `ibv_alloc_mw` failed.
+    #[error("ibv_alloc_mw failed")]
+    AllocMw(#[source] io::Error),
+    /// Posting a memory-window bind (`IBV_WR_BIND_MW`) failed.
+    #[error("posting a memory window bind failed")]
+    BindMw(#[source] io::Error),
+    /// The device, or the buffer, does not support what was asked.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+fn locked_note(locked: Option<u64>) -> String {
+    locked.map_or_else(String::new, |b| format!(" ({b} bytes already locked)"))
+}
+
+/// Why a queue pair stopped carrying operations. Cheap to clone: every affected operation gets
+/// a copy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QpFailure {
+    /// An operation completed with an error status, which moved the queue pair to the error
+    /// state (remote access error, retry exceeded, local protection error, ...).
+    #[error("a work request failed with {status}")]
+    WorkCompletion {
+        /// The status of the first failed work request.
+        status: WcStatus,
+        /// Its vendor syndrome.
+        vendor_err: u32,
+    },
+    /// Requests were flushed without a recorded cause (the queue pair was moved to ERR).
+    #[error("work requests were flushed")]
+    Flushed,
+    /// The queue pair was closed locally.
+    #[error("the queue pair was closed")]
+    Closed,
+    /// The device reported an asynchronous error event for the queue pair or its port.
+    #[error("asynchronous event {0}")]
+    AsyncEvent(&'static str),
+    /// Posting a work request failed with this errno.
+    #[error("posting failed with errno {0}")]
+    PostFailed(i32),
 }
 
 fn memlock_hint(err: &io::Error) -> &'static str {
@@ -201,7 +276,12 @@ impl From<Error> for io::Error {
         let kind = match &err {
             Error::DeviceNotFound { .. } | Error::NoActivePort { .. } => io::ErrorKind::NotFound,
             Error::InvalidArgument(_) => io::ErrorKind::InvalidInput,
+            Error::Unsupported(_) => io::ErrorKind::Unsupported,
+            Error::MemlockExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::WorkCompletion { status, .. } => status.io_kind(),
+            Error::QpFailed(QpFailure::WorkCompletion { status, .. }) => status.io_kind(),
+            Error::QpFailed(QpFailure::Closed) => io::ErrorKind::NotConnected,
+            Error::QpFailed(_) => io::ErrorKind::ConnectionAborted,
             Error::RegMr { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
                 io::ErrorKind::OutOfMemory
             }

@@ -27,8 +27,11 @@
 //! Device tests run on soft-RoCE (`rdma_rxe`) in a QEMU VM: see `docs/testing.md`.
 
 pub mod buf;
+pub mod core;
+pub mod driver;
 mod error;
+pub mod ops;
 mod sys;
 pub mod verbs;
 
-pub use error::{Error, Result, WcStatus};
+pub use error::{Error, QpFailure, Result, WcStatus};

@@ -6,9 +6,17 @@
 //! they report stays valid and unchanged for the life of the value, even when the value itself
 //! is moved (it points to the heap or to a registered pool, never into the value).
 
+mod grant;
+mod pool;
+mod registrar;
 mod slice;
+mod token;
 
+pub use grant::{Grant, GrantBuf, GrantKind, RemoteAccess};
+pub use pool::{Acquire, Pool, PoolBuf, PoolConfig, PoolMetrics, SizeClass};
+pub use registrar::{MrRegistrar, Registrar, Registration};
 pub use slice::Slice;
+pub use token::RemoteToken;
 
 /// A buffer whose bytes the device may read (a send or RDMA WRITE source).
 ///
@@ -129,4 +137,29 @@ unsafe impl IoBufMut for bytes::BytesMut {
             unsafe { self.set_len(pos) };
         }
     }
+}
+
+// SAFETY: a `RegisteredBuffer` owns a heap allocation that never moves, registered as one
+// region for its whole life; all its bytes are initialised (zeroed at allocation).
+unsafe impl IoBuf for crate::verbs::RegisteredBuffer {
+    fn stable_ptr(&self) -> *const u8 {
+        self.addr() as *const u8
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.len()
+    }
+    fn lkey(&self) -> Option<u32> {
+        Some(crate::verbs::RegisteredBuffer::lkey(self))
+    }
+}
+
+// SAFETY: as above; every byte is always initialised, so `set_init` has nothing to record.
+unsafe impl IoBufMut for crate::verbs::RegisteredBuffer {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.addr() as *mut u8
+    }
+    unsafe fn set_init(&mut self, _pos: usize) {}
 }

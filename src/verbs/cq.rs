@@ -49,6 +49,12 @@ unsafe impl Sync for CqInner {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(usize);
 
+impl CqId {
+    pub(crate) fn from_ptr(cq: *mut sys::ibv_cq) -> CqId {
+        CqId(cq as usize)
+    }
+}
+
 impl CompletionQueue {
     /// Creates a completion queue with room for at least `cqe` completions, optionally
     /// attached to a completion channel (needed for event-driven completion).
@@ -183,6 +189,11 @@ impl CompletionQueue {
         }
         self.inner.unacked.fetch_add(1, Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// CQ events read and not yet acknowledged.
+    pub fn unacked_events(&self) -> u32 {
+        self.inner.unacked.load(Ordering::Relaxed)
     }
 
     /// Acknowledges every CQ event read so far (one `ibv_ack_cq_events` call). Returns how many

@@ -23,22 +23,29 @@
 //! # Ok(()) }
 //! ```
 
+mod async_event;
 mod channel;
 mod context;
 mod cq;
 mod device;
 mod mr;
+mod mw;
+mod pages;
 mod pd;
 mod qp;
 mod types;
 mod wc;
 mod wr;
 
+pub use async_event::{AsyncEvent, EventElement};
 pub use channel::CompletionChannel;
 pub use context::{Context, DeviceAttr, GidEntry, PortAttr};
 pub use cq::{CompletionQueue, CqId};
 pub use device::{DeviceInfo, devices};
 pub use mr::{MemoryRegion, RegisteredBuffer};
+pub use mw::MemoryWindow;
+pub(crate) use pages::explain_reg_error;
+pub use pages::{BASE_PAGE_SIZE, HUGE_PAGE_SIZE, HugePages, PageMapping, memlock_limit};
 pub use pd::ProtectionDomain;
 pub use qp::{Endpoint, QpCaps, QpInitAttr, QpState, QueuePair, RtrOptions, RtsOptions};
 pub use types::{AccessFlags, Gid, GidType, Mtu, PortState};

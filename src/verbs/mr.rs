@@ -317,3 +317,10 @@ impl fmt::Debug for RegisteredBuffer {
             .finish_non_exhaustive()
     }
 }
+
+impl MemoryRegion {
+    /// The raw `ibv_mr`, for binding memory windows to this region (`mw.rs`).
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_mr {
+        self.mr.as_ptr()
+    }
+}

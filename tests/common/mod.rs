@@ -97,3 +97,85 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
 }
+
+/// Two driver-managed queue pairs on one device and one driver, connected to each other.
+pub struct AsyncPair {
+    pub ctx: Context,
+    pub pd: tokio_rdma::verbs::ProtectionDomain,
+    pub driver: tokio_rdma::driver::Driver,
+    pub a: tokio_rdma::driver::AsyncQp,
+    pub b: tokio_rdma::driver::AsyncQp,
+}
+
+/// Connects two verbs queue pairs of `ctx` to each other with test timers.
+pub fn connect_qps(ctx: &Context, a: &QueuePair, b: &QueuePair, access: AccessFlags) {
+    let port = (1..=ctx.device_attr().phys_port_cnt)
+        .find(|&p| {
+            ctx.query_port(p)
+                .is_ok_and(|a| a.state == tokio_rdma::verbs::PortState::Active)
+        })
+        .expect("active port");
+    let gid = ctx.preferred_gid(port).expect("GID");
+    let ea = a.local_endpoint(port, Some(gid.index)).expect("endpoint");
+    let eb = b.local_endpoint(port, Some(gid.index)).expect("endpoint");
+    let rtr = RtrOptions::new(port, gid.index as u8);
+    let rts = RtsOptions {
+        timeout: 14,
+        retry_cnt: 3,
+        rnr_retry: 3,
+        max_rd_atomic: 16,
+    };
+    a.connect(&ea, &eb, &rtr, &rts, access).expect("connect a");
+    b.connect(&eb, &ea, &rtr, &rts, access).expect("connect b");
+}
+
+pub fn all_access() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_ATOMIC
+}
+
+/// Must run inside a Tokio runtime.
+pub fn async_pair_with(
+    driver_opts: tokio_rdma::driver::DriverOptions,
+    qp_opts: tokio_rdma::driver::QpOptions,
+) -> AsyncPair {
+    let (ctx, _port) = open_device();
+    let pd = tokio_rdma::verbs::ProtectionDomain::new(&ctx).expect("pd");
+    let driver = tokio_rdma::driver::Driver::new(&ctx, driver_opts).expect("driver");
+    let a = driver.create_qp(&pd, qp_opts).expect("qp a");
+    let b = driver.create_qp(&pd, qp_opts).expect("qp b");
+    connect_qps(&ctx, a.verbs(), b.verbs(), all_access());
+    AsyncPair {
+        ctx,
+        pd,
+        driver,
+        a,
+        b,
+    }
+}
+
+pub fn async_pair() -> AsyncPair {
+    async_pair_with(Default::default(), Default::default())
+}
+
+/// A registered buffer filled with `data` (local write + remote rights for one-sided tests).
+pub fn reg_with(
+    pd: &tokio_rdma::verbs::ProtectionDomain,
+    data: &[u8],
+    access: AccessFlags,
+) -> tokio_rdma::verbs::RegisteredBuffer {
+    let b =
+        tokio_rdma::verbs::RegisteredBuffer::new(pd, data.len().max(1), access).expect("register");
+    b.write_at(0, data);
+    b
+}
+
+/// Runs `f` with a timeout that fails the test instead of hanging it.
+pub async fn within<F: std::future::Future>(secs: u64, what: &str, f: F) -> F::Output {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: not done within {secs} s"),
+    }
+}

@@ -1,0 +1,171 @@
+//! Remote tokens: the `{addr, len, rkey}` triple a peer needs for one-sided access.
+
+use std::fmt;
+use std::ops::{Bound, RangeBounds};
+
+use crate::error::{Error, Result};
+
+/// A description of remote memory a peer granted us: address, length and remote key.
+///
+/// A token can only be narrowed ([`slice`](RemoteToken::slice)), never widened; operations
+/// check local lengths against it before posting. The rkey is a capability, so `Debug` does
+/// not print it. With the `serde` feature the token is serialisable for exchange.
+///
+/// # Examples
+///
+/// ```
+/// use tokio_rdma::buf::RemoteToken;
+/// let t = RemoteToken::new(0x1000, 4096, 0x1234);
+/// let part = t.slice(1024..2048).unwrap();
+/// assert_eq!((part.addr(), part.len()), (0x1400, 1024));
+/// assert!(t.slice(4000..5000).is_err());
+/// assert!(!format!("{t:?}").contains("1234"));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RemoteToken {
+    addr: u64,
+    len: u64,
+    rkey: u32,
+}
+
+impl RemoteToken {
+    /// A token for `len` bytes at `addr` accessible with `rkey` (as received from a peer).
+    pub fn new(addr: u64, len: u64, rkey: u32) -> RemoteToken {
+        RemoteToken { addr, len, rkey }
+    }
+
+    /// The remote start address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the token covers no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// The sub-range `range` (relative to the token's start).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the range is not within the token.
+    pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<RemoteToken> {
+        let start = match range.start_bound() {
+            Bound::Included(&n) => Some(n),
+            Bound::Excluded(&n) => n.checked_add(1),
+            Bound::Unbounded => Some(0),
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&n) => n.checked_add(1),
+            Bound::Excluded(&n) => Some(n),
+            Bound::Unbounded => Some(self.len),
+        };
+        match (start, end) {
+            (Some(s), Some(e)) if s <= e && e <= self.len => Ok(RemoteToken {
+                addr: self.addr + s,
+                len: e - s,
+                rkey: self.rkey,
+            }),
+            _ => Err(Error::InvalidArgument(format!(
+                "remote slice {:?}..{:?} outside a token of {} bytes",
+                range.start_bound(),
+                range.end_bound(),
+                self.len
+            ))),
+        }
+    }
+
+    /// Checks that `len` bytes at `offset` fit in the token and returns their address.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if they do not fit.
+    pub fn check(&self, offset: u64, len: u64) -> Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.addr + offset),
+            _ => Err(Error::InvalidArgument(format!(
+                "{len} bytes at offset {offset} exceed a remote token of {} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// Encodes the token as 20 bytes (big endian) for exchange without serde.
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    /// Decodes [`to_bytes`](Self::to_bytes).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a wrong length or a range that wraps the address space.
+    pub fn from_bytes(b: &[u8]) -> Result<RemoteToken> {
+        let b: &[u8; 20] = b.try_into().map_err(|_| {
+            Error::InvalidArgument(format!("remote token: expected 20 bytes, got {}", b.len()))
+        })?;
+        let addr = u64::from_be_bytes(b[..8].try_into().expect("8 bytes"));
+        let len = u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"));
+        let rkey = u32::from_be_bytes(b[16..].try_into().expect("4 bytes"));
+        if addr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument(
+                "remote token wraps the address space".into(),
+            ));
+        }
+        Ok(RemoteToken { addr, len, rkey })
+    }
+}
+
+impl fmt::Debug for RemoteToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteToken")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slicing_stays_in_bounds() {
+        let t = RemoteToken::new(100, 10, 7);
+        assert_eq!(t.slice(..).unwrap(), t);
+        assert_eq!(t.slice(2..=4).unwrap().len(), 3);
+        assert!(t.slice(0..11).is_err());
+        assert!(t.slice(5..4).is_err());
+        assert!(t.slice(u64::MAX..).is_err());
+        assert!(t.slice(..=u64::MAX).is_err());
+        let s = t.slice(4..).unwrap();
+        assert!(s.slice(0..7).is_err(), "a slice cannot be widened back");
+        assert_eq!(t.check(8, 2).unwrap(), 108);
+        assert!(t.check(8, 3).is_err());
+        assert!(t.check(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn bytes_round_trip() {
+        let t = RemoteToken::new(0xdead_0000, 4096, 0x55);
+        assert_eq!(RemoteToken::from_bytes(&t.to_bytes()).unwrap(), t);
+        assert!(RemoteToken::from_bytes(&[0; 19]).is_err());
+        let wrap = RemoteToken::new(u64::MAX, 2, 1).to_bytes();
+        assert!(RemoteToken::from_bytes(&wrap).is_err());
+    }
+}

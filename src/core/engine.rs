@@ -1,0 +1,480 @@
+//! [`Core`]: the operation table and queue-pair accounting behind one API.
+
+use std::task::{Context, Poll, Waker};
+
+use super::qp::QpSlot;
+use super::table::{Entry, Lifecycle, OpTable};
+use super::wr::{Cqe, OpInfo, PostItem, Queue, WorkRequest};
+use crate::error::{Error, QpFailure, WcStatus};
+
+/// Identifies a queue pair registered with a [`Core`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QpKey(u32);
+
+impl QpKey {
+    #[cfg(test)]
+    pub(crate) fn for_test(n: u32) -> QpKey {
+        QpKey(n)
+    }
+
+    /// The dense index of this queue pair (for side tables).
+    pub(crate) fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    pub(crate) fn from_index(i: usize) -> QpKey {
+        QpKey(u32::try_from(i).expect("fewer than 2^32 queue pairs"))
+    }
+}
+
+/// Queue sizes and signaling policy of a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Send-queue depth: at most this many send requests are posted and not yet retired.
+    pub sq_depth: u32,
+    /// Receive-queue depth.
+    pub rq_depth: u32,
+    /// Request a completion for every `signal_every`-th send (1 = all). The last request of
+    /// every post batch is always signaled.
+    pub signal_every: u32,
+}
+
+impl QpConfig {
+    /// A configuration with the given depths and signaling interval.
+    pub fn new(sq_depth: u32, rq_depth: u32, signal_every: u32) -> QpConfig {
+        QpConfig {
+            sq_depth: sq_depth.max(1),
+            rq_depth,
+            signal_every: signal_every.max(1),
+        }
+    }
+}
+
+/// The result of [`Core::submit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Submitted {
+    /// The id to post with and to poll by.
+    pub wr_id: u64,
+}
+
+/// What [`Core::complete`] (and the failure calls) produced; reused across calls to avoid
+/// allocating. Wake the wakers and drop the payloads **after** releasing the core's lock.
+#[derive(Debug)]
+pub struct Completed<P> {
+    /// Futures to wake.
+    pub wakers: Vec<Waker>,
+    /// Payloads of cancelled operations, now free to drop.
+    pub released: Vec<P>,
+    /// Queue pairs that have queued requests and queue space again: post them.
+    pub postable: Vec<QpKey>,
+    /// Queue pairs that failed during this call: move them to the error state so their
+    /// posted requests are flushed.
+    pub failed: Vec<QpKey>,
+    /// Completions that matched no operation (stale, duplicate or spurious).
+    pub unknown: u64,
+}
+
+impl<P> Default for Completed<P> {
+    fn default() -> Self {
+        Completed {
+            wakers: Vec::new(),
+            released: Vec::new(),
+            postable: Vec::new(),
+            failed: Vec::new(),
+            unknown: 0,
+        }
+    }
+}
+
+impl<P> Completed<P> {
+    /// Whether there is nothing to act on.
+    pub fn is_empty(&self) -> bool {
+        self.wakers.is_empty()
+            && self.released.is_empty()
+            && self.postable.is_empty()
+            && self.failed.is_empty()
+    }
+
+    /// Clears the lists, keeping their memory.
+    pub fn clear(&mut self) {
+        self.wakers.clear();
+        self.released.clear();
+        self.postable.clear();
+        self.failed.clear();
+        self.unknown = 0;
+    }
+}
+
+/// The sans-IO engine of one completion queue: every queue pair that reports to that CQ, and
+/// every operation in flight on them. `P` is the payload parked with an operation (its buffers).
+#[derive(Debug)]
+pub struct Core<P> {
+    table: OpTable<P>,
+    qps: Vec<Option<QpSlot>>,
+}
+
+impl<P> Default for Core<P> {
+    fn default() -> Self {
+        Core::new()
+    }
+}
+
+impl<P> Core<P> {
+    /// An empty core.
+    pub fn new() -> Core<P> {
+        Core {
+            table: OpTable::new(),
+            qps: Vec::new(),
+        }
+    }
+
+    /// Registers a queue pair.
+    pub fn add_qp(&mut self, cfg: QpConfig) -> QpKey {
+        let slot = Some(QpSlot::new(cfg));
+        if let Some(i) = self.qps.iter().position(Option::is_none) {
+            self.qps[i] = slot;
+            QpKey(i as u32)
+        } else {
+            self.qps.push(slot);
+            QpKey(self.qps.len() as u32 - 1)
+        }
+    }
+
+    /// Forgets a queue pair. Returns `false` (and keeps it) while it has outstanding requests.
+    pub fn remove_qp(&mut self, qp: QpKey) -> bool {
+        match self.qps.get(qp.0 as usize) {
+            Some(Some(slot)) if slot.outstanding() > 0 => false,
+            Some(Some(_)) => {
+                self.qps[qp.0 as usize] = None;
+                true
+            }
+            _ => true,
+        }
+    }
+
+    fn slot(&mut self, qp: QpKey) -> &mut QpSlot {
+        self.qps
+            .get_mut(qp.0 as usize)
+            .and_then(Option::as_mut)
+            .expect("queue pair is registered")
+    }
+
+    /// Operations in the table (queued, posted, completed-but-uncollected, or cancelled).
+    pub fn ops_in_table(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Requests of `qp` queued or posted and not yet completed.
+    pub fn outstanding(&self, qp: QpKey) -> usize {
+        self.qps
+            .get(qp.0 as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, QpSlot::outstanding)
+    }
+
+    /// Posted requests of `qp` the device still owes a completion for.
+    pub fn posted(&self, qp: QpKey) -> usize {
+        self.qps
+            .get(qp.0 as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, QpSlot::posted)
+    }
+
+    /// The failure of `qp`, if it failed.
+    pub fn failure(&self, qp: QpKey) -> Option<&QpFailure> {
+        self.qps.get(qp.0 as usize)?.as_ref()?.failure.as_ref()
+    }
+
+    /// Queues a request with its payload. The payload is owned by the table from now on.
+    ///
+    /// # Errors
+    ///
+    /// If the queue pair has failed, returns [`Error::QpFailed`] with its cause, and the
+    /// payload back (nothing was queued).
+    pub fn submit(
+        &mut self,
+        qp: QpKey,
+        wr: WorkRequest,
+        payload: P,
+    ) -> Result<Submitted, (Error, P)> {
+        if let Some(f) = &self.slot(qp).failure {
+            return Err((Error::QpFailed(f.clone()), payload));
+        }
+        let queue = wr.queue;
+        let wr_id = self.table.insert(Entry {
+            qp,
+            queue,
+            lifecycle: Lifecycle::Queued(wr),
+            waker: None,
+            payload: Some(payload),
+        });
+        let slot = self.slot(qp);
+        match queue {
+            Queue::Send => slot.sq_pending.push_back(wr_id),
+            Queue::Recv => slot.rq_pending.push_back(wr_id),
+        }
+        Ok(Submitted { wr_id })
+    }
+
+    /// Whether `qp` has queued requests that fit in its queues now.
+    pub fn has_postable(&self, qp: QpKey) -> bool {
+        self.qps
+            .get(qp.0 as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(QpSlot::has_postable)
+    }
+
+    /// Moves as many queued requests of `qp` as its queues have room for into `out` (receives
+    /// first, then sends), marking them posted and applying the signaling policy. The caller
+    /// must post exactly these, in this order, while still holding the core's lock (the send
+    /// queue's order is how unsignaled requests are retired).
+    pub fn take_postable(&mut self, qp: QpKey, out: &mut Vec<PostItem>) {
+        let Core { table, qps } = self;
+        let slot = qps[qp.0 as usize]
+            .as_mut()
+            .expect("queue pair is registered");
+        if slot.failure.is_some() {
+            return;
+        }
+        let n = slot.rq_space().min(slot.rq_pending.len());
+        for _ in 0..n {
+            let wr_id = slot.rq_pending.pop_front().expect("counted");
+            slot.rq_posted += 1;
+            let wr = take_request(table, wr_id);
+            out.push(PostItem {
+                wr_id,
+                wr,
+                signaled: true,
+            });
+        }
+        let n = slot.sq_space().min(slot.sq_pending.len());
+        for i in 0..n {
+            let wr_id = slot.sq_pending.pop_front().expect("counted");
+            let signaled = slot.next_signaled(i + 1 == n);
+            slot.sq_ring.push_back(wr_id);
+            let wr = take_request(table, wr_id);
+            out.push(PostItem {
+                wr_id,
+                wr,
+                signaled,
+            });
+        }
+    }
+
+    /// Polls an operation: its outcome and payload once complete, else registers the waker.
+    ///
+    /// # Panics
+    ///
+    /// If `wr_id` is not in the table (the future already collected it: a bug in the caller).
+    pub fn poll_op(
+        &mut self,
+        wr_id: u64,
+        cx: &mut Context<'_>,
+    ) -> Poll<(Result<OpInfo, Error>, P)> {
+        let entry = self
+            .table
+            .get_mut(wr_id)
+            .expect("operation is in the table");
+        if matches!(entry.lifecycle, Lifecycle::Completed(_)) {
+            let entry = self.table.remove(wr_id).expect("present");
+            let Lifecycle::Completed(outcome) = entry.lifecycle else {
+                unreachable!()
+            };
+            return Poll::Ready((
+                outcome,
+                entry.payload.expect("payload parked until collected"),
+            ));
+        }
+        match &entry.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => entry.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// The future of `wr_id` was dropped. A queued request is withdrawn and its payload
+    /// returned; a posted one is marked cancelled and its payload stays parked until its
+    /// completion (then appears in [`Completed::released`]); a completed one is removed and its
+    /// payload returned.
+    pub fn cancel(&mut self, wr_id: u64) -> Option<P> {
+        let entry = self.table.get_mut(wr_id)?;
+        match entry.lifecycle {
+            Lifecycle::Queued(_) => {
+                let (qp, queue) = (entry.qp, entry.queue);
+                let slot = self.slot(qp);
+                let list = match queue {
+                    Queue::Send => &mut slot.sq_pending,
+                    Queue::Recv => &mut slot.rq_pending,
+                };
+                if let Some(pos) = list.iter().position(|&id| id == wr_id) {
+                    list.remove(pos);
+                }
+                self.table.remove(wr_id).and_then(|e| e.payload)
+            }
+            Lifecycle::Submitted => {
+                entry.lifecycle = Lifecycle::Cancelled;
+                entry.waker = None;
+                None
+            }
+            Lifecycle::Completed(_) => self.table.remove(wr_id).and_then(|e| e.payload),
+            Lifecycle::Cancelled => None,
+        }
+    }
+
+    /// Applies one work completion.
+    pub fn complete(&mut self, cqe: &Cqe, out: &mut Completed<P>) {
+        let Some(entry) = self.table.get_mut(cqe.wr_id) else {
+            out.unknown += 1;
+            return;
+        };
+        if !matches!(entry.lifecycle, Lifecycle::Submitted | Lifecycle::Cancelled) {
+            // A second completion for a completed (or never posted) request: keep exactly-once.
+            out.unknown += 1;
+            return;
+        }
+        let (qp, queue) = (entry.qp, entry.queue);
+        let had_space = self.slot(qp).has_postable();
+        match queue {
+            Queue::Send => {
+                // Completions on a send queue arrive in post order, so every request posted
+                // before this one without its own completion has succeeded.
+                loop {
+                    let front = self.slot(qp).sq_ring.pop_front();
+                    match front {
+                        Some(id) if id == cqe.wr_id => break,
+                        Some(id) => self.finish(id, Ok(OpInfo::default()), out),
+                        None => break,
+                    }
+                }
+            }
+            Queue::Recv => {
+                let slot = self.slot(qp);
+                slot.rq_posted = slot.rq_posted.saturating_sub(1);
+            }
+        }
+        let outcome = if cqe.status == WcStatus::Success {
+            Ok(OpInfo {
+                byte_len: cqe.byte_len,
+                imm: cqe.imm,
+            })
+        } else {
+            let cause = if cqe.status == WcStatus::WrFlushErr {
+                QpFailure::Flushed
+            } else {
+                QpFailure::WorkCompletion {
+                    status: cqe.status,
+                    vendor_err: cqe.vendor_err,
+                }
+            };
+            let failure = self.fail_qp(qp, cause, out);
+            if cqe.status == WcStatus::WrFlushErr {
+                Err(Error::QpFailed(failure))
+            } else {
+                Err(Error::WorkCompletion {
+                    status: cqe.status,
+                    vendor_err: cqe.vendor_err,
+                })
+            }
+        };
+        self.finish(cqe.wr_id, outcome, out);
+        if !had_space && self.slot(qp).has_postable() && !out.postable.contains(&qp) {
+            out.postable.push(qp);
+        }
+    }
+
+    /// Marks `qp` failed (keeping an earlier cause if there is one) and fails its queued
+    /// requests at once. Posted requests complete when the device flushes them; the caller
+    /// must move the queue pair to the error state (it is listed in [`Completed::failed`] the
+    /// first time). Returns the recorded cause.
+    pub fn fail_qp(&mut self, qp: QpKey, cause: QpFailure, out: &mut Completed<P>) -> QpFailure {
+        let slot = self.slot(qp);
+        if slot.failure.is_none() {
+            slot.failure = Some(cause);
+            out.failed.push(qp);
+        }
+        let failure = slot.failure.clone().expect("set above");
+        let queued: Vec<u64> = slot
+            .sq_pending
+            .drain(..)
+            .chain(slot.rq_pending.drain(..))
+            .collect();
+        for id in queued {
+            self.finish(id, Err(Error::QpFailed(failure.clone())), out);
+        }
+        failure
+    }
+
+    /// Posting failed with `errno` and the requests `not_posted` (a suffix of what
+    /// [`take_postable`](Self::take_postable) returned) never reached the device: they fail at
+    /// once, and the queue pair is failed so that what was posted gets flushed (an unsignaled
+    /// request could otherwise wait forever for a signaled one that was never posted).
+    pub fn post_failed(
+        &mut self,
+        qp: QpKey,
+        not_posted: &[u64],
+        errno: i32,
+        out: &mut Completed<P>,
+    ) {
+        let failure = self.fail_qp(qp, QpFailure::PostFailed(errno), out);
+        for &id in not_posted {
+            let Some(entry) = self.table.get_mut(id) else {
+                continue;
+            };
+            let queue = entry.queue;
+            let slot = self.slot(qp);
+            match queue {
+                Queue::Send => {
+                    if let Some(pos) = slot.sq_ring.iter().rposition(|&x| x == id) {
+                        slot.sq_ring.remove(pos);
+                    }
+                }
+                Queue::Recv => slot.rq_posted = slot.rq_posted.saturating_sub(1),
+            }
+            self.finish(id, Err(Error::QpFailed(failure.clone())), out);
+        }
+    }
+
+    /// Completes every posted request of `qp` with its failure, without waiting for the
+    /// device. Only for a queue pair that was destroyed (the device can no longer touch the
+    /// memory) or whose device is gone.
+    pub fn abandon_qp(&mut self, qp: QpKey, out: &mut Completed<P>) {
+        let failure = self.fail_qp(qp, QpFailure::Closed, out);
+        let slot = self.slot(qp);
+        slot.sq_ring.clear();
+        slot.rq_posted = 0;
+        let ids: Vec<u64> = self.table.ids_where(|e| e.qp == qp);
+        for id in ids {
+            self.finish(id, Err(Error::QpFailed(failure.clone())), out);
+        }
+    }
+
+    fn finish(&mut self, wr_id: u64, outcome: Result<OpInfo, Error>, out: &mut Completed<P>) {
+        let Some(entry) = self.table.get_mut(wr_id) else {
+            return;
+        };
+        match entry.lifecycle {
+            Lifecycle::Cancelled => {
+                if let Some(p) = self.table.remove(wr_id).and_then(|e| e.payload) {
+                    out.released.push(p);
+                }
+            }
+            Lifecycle::Completed(_) => {}
+            Lifecycle::Queued(_) | Lifecycle::Submitted => {
+                entry.lifecycle = Lifecycle::Completed(outcome);
+                if let Some(w) = entry.waker.take() {
+                    out.wakers.push(w);
+                }
+            }
+        }
+    }
+}
+
+fn take_request<P>(table: &mut OpTable<P>, wr_id: u64) -> WorkRequest {
+    let entry = table
+        .get_mut(wr_id)
+        .expect("queued request is in the table");
+    match std::mem::replace(&mut entry.lifecycle, Lifecycle::Submitted) {
+        Lifecycle::Queued(wr) => wr,
+        other => unreachable!("queued list held a request in state {other:?}"),
+    }
+}

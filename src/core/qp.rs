@@ -1,0 +1,72 @@
+//! Per-queue-pair accounting: queued and posted requests, queue depths, the signaling policy
+//! and the failure state.
+
+use std::collections::VecDeque;
+
+use super::engine::QpConfig;
+use crate::error::QpFailure;
+
+#[derive(Debug)]
+pub(crate) struct QpSlot {
+    pub(crate) cfg: QpConfig,
+    /// Posted send-queue requests in post order (signaled and unsignaled), oldest first.
+    pub(crate) sq_ring: VecDeque<u64>,
+    /// Send requests waiting for queue space.
+    pub(crate) sq_pending: VecDeque<u64>,
+    /// Receive requests waiting for queue space.
+    pub(crate) rq_pending: VecDeque<u64>,
+    /// Posted receives not yet completed.
+    pub(crate) rq_posted: u32,
+    /// Unsignaled sends posted since the last signaled one.
+    pub(crate) unsignaled_run: u32,
+    /// Set once: why the queue pair stopped.
+    pub(crate) failure: Option<QpFailure>,
+}
+
+impl QpSlot {
+    pub(crate) fn new(cfg: QpConfig) -> QpSlot {
+        QpSlot {
+            cfg,
+            sq_ring: VecDeque::new(),
+            sq_pending: VecDeque::new(),
+            rq_pending: VecDeque::new(),
+            rq_posted: 0,
+            unsignaled_run: 0,
+            failure: None,
+        }
+    }
+
+    pub(crate) fn sq_space(&self) -> usize {
+        (self.cfg.sq_depth as usize).saturating_sub(self.sq_ring.len())
+    }
+
+    pub(crate) fn rq_space(&self) -> usize {
+        self.cfg.rq_depth.saturating_sub(self.rq_posted) as usize
+    }
+
+    /// Decides whether the next posted send is signaled: every `signal_every`-th, the last of a
+    /// post batch (so every future resolves without waiting for unrelated traffic), and any that
+    /// fills the queue (so the queue cannot fill with unsignaled requests).
+    pub(crate) fn next_signaled(&mut self, last_in_batch: bool) -> bool {
+        let run = self.unsignaled_run + 1;
+        let fills = self.sq_ring.len() + 1 >= self.cfg.sq_depth as usize;
+        let signaled = last_in_batch || run >= self.cfg.signal_every.max(1) || fills;
+        self.unsignaled_run = if signaled { 0 } else { run };
+        signaled
+    }
+
+    pub(crate) fn has_postable(&self) -> bool {
+        (!self.sq_pending.is_empty() && self.sq_space() > 0)
+            || (!self.rq_pending.is_empty() && self.rq_space() > 0)
+    }
+
+    /// Requests queued or posted and not yet completed.
+    pub(crate) fn outstanding(&self) -> usize {
+        self.sq_ring.len() + self.sq_pending.len() + self.rq_pending.len() + self.rq_posted as usize
+    }
+
+    /// Posted requests the device still owes a completion for.
+    pub(crate) fn posted(&self) -> usize {
+        self.sq_ring.len() + self.rq_posted as usize
+    }
+}

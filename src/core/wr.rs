@@ -1,0 +1,165 @@
+//! Plain-data descriptions of work requests and completions, as the core sees them.
+
+use crate::error::WcStatus;
+use crate::verbs::{SendOp, Sge, WcOpcode};
+
+/// Which queue of a queue pair a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Queue {
+    /// The send queue (sends, RDMA WRITE/READ, atomics).
+    Send,
+    /// The receive queue.
+    Recv,
+}
+
+/// A scatter/gather list that stores one entry without allocating.
+#[derive(Debug, Clone)]
+pub enum SgList {
+    /// No entries (zero-length transfers).
+    Empty,
+    /// One entry.
+    One(Sge),
+    /// Several entries.
+    Many(Vec<Sge>),
+}
+
+impl SgList {
+    /// Builds a list from entries.
+    pub fn from_slice(sges: &[Sge]) -> SgList {
+        match sges {
+            [] => SgList::Empty,
+            [one] => SgList::One(*one),
+            many => SgList::Many(many.to_vec()),
+        }
+    }
+
+    /// The entries.
+    pub fn as_slice(&self) -> &[Sge] {
+        match self {
+            SgList::Empty => &[],
+            SgList::One(s) => std::slice::from_ref(s),
+            SgList::Many(v) => v,
+        }
+    }
+
+    /// Total bytes.
+    pub fn total_len(&self) -> u64 {
+        self.as_slice().iter().map(|s| u64::from(s.length())).sum()
+    }
+}
+
+/// A work request to post: where it goes, what it does, which memory it uses.
+#[derive(Debug, Clone)]
+pub struct WorkRequest {
+    /// Send or receive queue.
+    pub queue: Queue,
+    /// The operation (ignored for receives).
+    pub op: SendOp,
+    /// The local memory.
+    pub sges: SgList,
+    /// Send the payload inline (copied at post time).
+    pub inline: bool,
+    /// Set the solicited-event bit.
+    pub solicited: bool,
+}
+
+impl WorkRequest {
+    /// A send-queue request.
+    pub fn send(op: SendOp, sges: &[Sge]) -> WorkRequest {
+        WorkRequest {
+            queue: Queue::Send,
+            op,
+            sges: SgList::from_slice(sges),
+            inline: false,
+            solicited: false,
+        }
+    }
+
+    /// A receive request.
+    pub fn recv(sges: &[Sge]) -> WorkRequest {
+        WorkRequest {
+            queue: Queue::Recv,
+            op: SendOp::Send,
+            sges: SgList::from_slice(sges),
+            inline: false,
+            solicited: false,
+        }
+    }
+}
+
+/// A request the driver must post now, in this order.
+#[derive(Debug, Clone)]
+pub struct PostItem {
+    /// The `wr_id` to post it with.
+    pub wr_id: u64,
+    /// The request.
+    pub wr: WorkRequest,
+    /// Whether to request a completion (send queue only; receives always complete).
+    pub signaled: bool,
+}
+
+/// A work completion as plain data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cqe {
+    /// The `wr_id` it was posted with.
+    pub wr_id: u64,
+    /// Its status.
+    pub status: WcStatus,
+    /// Vendor syndrome (errors).
+    pub vendor_err: u32,
+    /// What completed (only meaningful on success).
+    pub opcode: WcOpcode,
+    /// Bytes received / read.
+    pub byte_len: u32,
+    /// Immediate data (host order), if any.
+    pub imm: Option<u32>,
+}
+
+impl Cqe {
+    /// A successful completion (tests and examples).
+    pub fn success(wr_id: u64, byte_len: u32) -> Cqe {
+        Cqe {
+            wr_id,
+            status: WcStatus::Success,
+            vendor_err: 0,
+            opcode: WcOpcode::Send,
+            byte_len,
+            imm: None,
+        }
+    }
+
+    /// A completion with `status` (tests and examples).
+    pub fn with_status(wr_id: u64, status: WcStatus) -> Cqe {
+        Cqe {
+            status,
+            ..Cqe::success(wr_id, 0)
+        }
+    }
+}
+
+impl From<&crate::verbs::WorkCompletion> for Cqe {
+    fn from(wc: &crate::verbs::WorkCompletion) -> Cqe {
+        let ok = wc.is_success();
+        Cqe {
+            wr_id: wc.wr_id(),
+            status: wc.status(),
+            vendor_err: wc.vendor_err(),
+            opcode: if ok {
+                wc.opcode()
+            } else {
+                WcOpcode::Unknown(u32::MAX)
+            },
+            byte_len: if ok { wc.byte_len() } else { 0 },
+            imm: if ok { wc.imm() } else { None },
+        }
+    }
+}
+
+/// What a successful operation reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpInfo {
+    /// Bytes received / read (0 for requests retired without their own completion).
+    pub byte_len: u32,
+    /// Immediate data received, if any.
+    pub imm: Option<u32>,
+}

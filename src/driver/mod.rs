@@ -1,0 +1,276 @@
+//! The Tokio shell: a [`Driver`] per device owns a completion queue and the tasks that feed
+//! the sans-IO [`core`](crate::core), and creates [`AsyncQp`]s whose operations are futures.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use tokio_rdma::driver::{Driver, DriverOptions, QpOptions};
+//! use tokio_rdma::verbs::{Context, ProtectionDomain};
+//!
+//! # async fn demo() -> tokio_rdma::Result<()> {
+//! let (ctx, port) = Context::open_first_active()?;
+//! let pd = ProtectionDomain::new(&ctx)?;
+//! let driver = Driver::new(&ctx, DriverOptions::default())?;
+//! let qp = driver.create_qp(&pd, QpOptions::default())?;
+//! // Connect `qp.verbs()` to a peer (RTR/RTS), then:
+//! // let (res, buf) = qp.send(buf).await;
+//! # Ok(()) }
+//! ```
+
+mod completion;
+mod events;
+mod qp;
+mod shared;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::debug;
+
+pub use qp::AsyncQp;
+pub(crate) use shared::Shared;
+
+use crate::error::{Error, Result};
+use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, QpCaps};
+
+/// How the completion task waits for completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CompletionMode {
+    /// Arm the CQ and sleep on the completion channel after every empty poll: least CPU,
+    /// highest latency (an interrupt and a task wake per burst).
+    Event,
+    /// Never arm: poll the CQ in a loop, yielding to the runtime between polls. Lowest latency;
+    /// keeps one worker busy.
+    BusyPoll,
+    /// Keep polling for `spin` after the last completion, then arm and sleep (the default).
+    Adaptive {
+        /// How long to keep polling after activity.
+        spin: Duration,
+    },
+}
+
+impl Default for CompletionMode {
+    fn default() -> Self {
+        CompletionMode::Adaptive {
+            spin: Duration::from_micros(50),
+        }
+    }
+}
+
+/// Options of a [`Driver`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DriverOptions {
+    /// Completion queue entries: bounds the sum of the queue depths of all queue pairs.
+    pub cq_size: u32,
+    /// How the completion task waits.
+    pub mode: CompletionMode,
+    /// Completions polled per `ibv_poll_cq` call.
+    pub poll_batch: usize,
+}
+
+impl Default for DriverOptions {
+    fn default() -> Self {
+        DriverOptions {
+            cq_size: 4096,
+            mode: CompletionMode::default(),
+            poll_batch: 32,
+        }
+    }
+}
+
+impl DriverOptions {
+    /// Sets the completion mode.
+    pub fn mode(mut self, mode: CompletionMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets the completion queue size.
+    pub fn cq_size(mut self, n: u32) -> Self {
+        self.cq_size = n;
+        self
+    }
+}
+
+/// Options of an [`AsyncQp`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct QpOptions {
+    /// Queue sizes (the device may grant more).
+    pub caps: QpCaps,
+    /// Request a completion every this many sends (1: every send). The last send of every
+    /// post batch is always signaled.
+    pub signal_every: u32,
+    /// Defer posting to the next poll so that operations started in the same wake are posted
+    /// together (one doorbell). Off: every operation is posted on its first poll.
+    pub coalesce: bool,
+    /// Send payloads up to the queue pair's `max_inline_data` inline.
+    pub inline: bool,
+}
+
+impl Default for QpOptions {
+    fn default() -> Self {
+        QpOptions {
+            caps: QpCaps {
+                max_send_wr: 256,
+                max_recv_wr: 256,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            signal_every: 16,
+            coalesce: true,
+            inline: true,
+        }
+    }
+}
+
+/// Counters of a driver's completion machinery.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DriverStats {
+    /// Work completions polled.
+    pub completions: u64,
+    /// CQ events read from the channel.
+    pub cq_events: u64,
+    /// CQ events after which the CQ turned out empty (normal; counts the arm/poll race).
+    pub empty_events: u64,
+    /// `ibv_poll_cq` calls.
+    pub polls: u64,
+    /// `ibv_post_send`/`ibv_post_recv` calls.
+    pub doorbells: u64,
+    /// Work requests posted.
+    pub posted: u64,
+    /// Completions that matched no operation.
+    pub unknown: u64,
+    /// Operations in the table now.
+    pub ops_in_table: u64,
+}
+
+/// A device's completion machinery: one completion queue, its completion task and the
+/// async-event task. Cheap to clone. Must be created inside a Tokio runtime. Create one per
+/// device context (the async-event task of a context routes events to one driver).
+#[derive(Debug, Clone)]
+pub struct Driver {
+    inner: Arc<DriverInner>,
+}
+
+#[derive(Debug)]
+struct DriverInner {
+    shared: Arc<Shared>,
+    ctx: Context,
+}
+
+impl Drop for DriverInner {
+    fn drop(&mut self) {
+        // Queue pairs hold a driver clone, so none is open any more: stop the tasks once the
+        // closing queue pairs have drained.
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.notify.notify_one();
+        self.shared.notify_events.notify_one();
+    }
+}
+
+impl Driver {
+    /// Creates the completion queue and spawns the completion and async-event tasks on the
+    /// current Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// Verb errors creating the channel or CQ.
+    ///
+    /// # Panics
+    ///
+    /// If called outside a Tokio runtime.
+    pub fn new(ctx: &Context, opts: DriverOptions) -> Result<Driver> {
+        let channel = CompletionChannel::new(ctx)?;
+        let cq = CompletionQueue::new(ctx, opts.cq_size, Some(&channel))?;
+        let shared = Arc::new(Shared::new(cq));
+        tokio::spawn(completion::run(
+            shared.clone(),
+            opts.mode,
+            opts.poll_batch.max(1),
+        ));
+        tokio::spawn(events::run(ctx.clone(), Arc::downgrade(&shared)));
+        debug!(device = ctx.name(), ?opts, "driver started");
+        Ok(Driver {
+            inner: Arc::new(DriverInner {
+                shared,
+                ctx: ctx.clone(),
+            }),
+        })
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// Creates an RC queue pair that reports to this driver's CQ. Connect it with
+    /// [`AsyncQp::verbs`] (INIT/RTR/RTS) before starting operations.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the CQ cannot take the queue pair's depths;
+    /// [`Error::CreateQp`] from the device.
+    pub fn create_qp(&self, pd: &ProtectionDomain, opts: QpOptions) -> Result<AsyncQp> {
+        let need = u64::from(opts.caps.max_send_wr) + u64::from(opts.caps.max_recv_wr);
+        {
+            let mut budget = self
+                .inner
+                .shared
+                .cq_budget
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let cap = u64::from(self.inner.shared.cq.capacity());
+            if *budget + need > cap {
+                return Err(Error::InvalidArgument(format!(
+                    "completion queue of {cap} entries cannot take another queue pair of depth {need} \
+                     ({} already used): raise DriverOptions::cq_size",
+                    *budget
+                )));
+            }
+            *budget += need;
+        }
+        match AsyncQp::create(self.clone(), pd, opts, need) {
+            Ok(qp) => Ok(qp),
+            Err(e) => {
+                self.release_budget(need);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn release_budget(&self, need: u64) {
+        let mut budget = self
+            .inner
+            .shared
+            .cq_budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *budget = budget.saturating_sub(need);
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> DriverStats {
+        let c = &self.inner.shared.counters;
+        let ops = self.inner.shared.lock().core.ops_in_table() as u64;
+        DriverStats {
+            completions: c.completions.load(Ordering::Relaxed),
+            cq_events: c.cq_events.load(Ordering::Relaxed),
+            empty_events: c.empty_events.load(Ordering::Relaxed),
+            polls: c.polls.load(Ordering::Relaxed),
+            doorbells: c.doorbells.load(Ordering::Relaxed),
+            posted: c.posted.load(Ordering::Relaxed),
+            unknown: c.unknown.load(Ordering::Relaxed),
+            ops_in_table: ops,
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Atomic compare-and-swap and fetch-and-add on 8-byte remote values.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::{OpConfig, RawOp};
+use crate::buf::{IoBufMut, RemoteToken};
+use crate::core::WorkRequest;
+use crate::error::{Error, Result};
+use crate::verbs::{SendOp, Sge};
+
+/// Validates an atomic's buffers and builds its request.
+fn atomic_request<B: IoBufMut>(
+    buf: &mut B,
+    remote: &RemoteToken,
+    op: impl FnOnce(u64, u32) -> SendOp,
+) -> Result<WorkRequest> {
+    if buf.bytes_total() < 8 {
+        return Err(Error::InvalidArgument(
+            "an atomic needs an 8-byte local buffer".into(),
+        ));
+    }
+    let remote_addr = remote.check(0, 8)?;
+    if remote_addr % 8 != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "atomic target {remote_addr:#x} is not 8-byte aligned"
+        )));
+    }
+    let lkey = buf.lkey().ok_or_else(|| {
+        Error::InvalidArgument("atomic buffer has no lkey: use registered memory".into())
+    })?;
+    let sge = Sge::new(buf.stable_mut_ptr() as u64, 8, lkey);
+    Ok(WorkRequest::send(op(remote_addr, remote.rkey()), &[sge]))
+}
+
+fn previous_value<B: IoBufMut>(buf: &mut B) -> u64 {
+    // SAFETY: the buffer holds at least 8 bytes (checked before posting), the device wrote the
+    // previous value into them and is done with the buffer (its completion was polled).
+    let v = unsafe { std::ptr::read_unaligned(buf.stable_ptr().cast::<u64>()) };
+    // SAFETY: the first 8 bytes were just written by the device.
+    unsafe { buf.set_init(8) };
+    // The responder returns the value in its memory's byte order; on the little-endian hosts
+    // RoCE runs on this is the native order.
+    v
+}
+
+macro_rules! atomic_future {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Cancel safety
+        ///
+        /// Dropping it before the first poll does nothing. Dropped later, the atomic may still
+        /// happen; the buffer is released once the device is done with it.
+        #[derive(Debug)]
+        #[must_use = "operations do nothing until polled"]
+        pub struct $name<B: IoBufMut> {
+            raw: RawOp<B>,
+        }
+
+        impl<B: IoBufMut> Future for $name<B> {
+            type Output = (Result<u64>, B);
+
+            fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+                self.raw.poll_raw(cx).map(|(res, mut buf)| match res {
+                    Ok(_) => {
+                        let v = previous_value(&mut buf);
+                        (Ok(v), buf)
+                    }
+                    Err(e) => (Err(e), buf),
+                })
+            }
+        }
+    };
+}
+
+atomic_future! {
+    /// The future of [`AsyncQp::compare_swap`](crate::driver::AsyncQp::compare_swap): resolves
+    /// to the value found at the remote address (the swap happened if it equals `compare`).
+    CompareSwap
+}
+
+atomic_future! {
+    /// The future of [`AsyncQp::fetch_add`](crate::driver::AsyncQp::fetch_add): resolves to the
+    /// value before the addition.
+    FetchAdd
+}
+
+impl<B: IoBufMut> CompareSwap<B> {
+    pub(crate) fn new(
+        cfg: &OpConfig,
+        mut buf: B,
+        remote: RemoteToken,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        let wr = atomic_request(&mut buf, &remote, |remote_addr, rkey| SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        });
+        CompareSwap {
+            raw: RawOp::new(cfg, buf, wr),
+        }
+    }
+}
+
+impl<B: IoBufMut> FetchAdd<B> {
+    pub(crate) fn new(cfg: &OpConfig, mut buf: B, remote: RemoteToken, add: u64) -> Self {
+        let wr = atomic_request(&mut buf, &remote, |remote_addr, rkey| SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        });
+        FetchAdd {
+            raw: RawOp::new(cfg, buf, wr),
+        }
+    }
+}

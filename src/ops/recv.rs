@@ -1,0 +1,58 @@
+//! Receives.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::sg::{SgTarget, target_list};
+use super::{OpConfig, RawOp};
+use crate::core::WorkRequest;
+use crate::error::Result;
+
+/// What a completed receive reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvInfo {
+    /// Bytes received (0 for a WRITE with immediate, whose payload went to remote memory).
+    pub len: usize,
+    /// Immediate data, if the sender attached any.
+    pub imm: Option<u32>,
+}
+
+/// The future of [`AsyncQp::recv`](crate::driver::AsyncQp::recv): resolves when a message
+/// arrives, with its length and immediate data, and the buffer (its initialised length set to
+/// the message length).
+///
+/// # Cancel safety
+///
+/// Dropping it before the first poll posts nothing. Dropped later, the receive stays posted:
+/// the next incoming message lands in the driver-owned buffer and is dropped with it.
+#[derive(Debug)]
+#[must_use = "operations do nothing until polled"]
+pub struct Recv<B: SgTarget> {
+    raw: RawOp<B>,
+}
+
+impl<B: SgTarget> Recv<B> {
+    pub(crate) fn new(cfg: &OpConfig, mut buf: B) -> Recv<B> {
+        let wr = target_list(&mut buf, cfg.caps.max_recv_sge)
+            .map(|sges| WorkRequest::recv(sges.as_slice()));
+        Recv {
+            raw: RawOp::new(cfg, buf, wr),
+        }
+    }
+}
+
+impl<B: SgTarget> Future for Recv<B> {
+    type Output = (Result<RecvInfo>, B);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.raw.poll_raw(cx).map(|(res, mut buf)| match res {
+            Ok(info) => {
+                let len = info.byte_len as usize;
+                buf.set_filled(len);
+                (Ok(RecvInfo { len, imm: info.imm }), buf)
+            }
+            Err(e) => (Err(e), buf),
+        })
+    }
+}

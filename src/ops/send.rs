@@ -1,0 +1,53 @@
+//! SEND and SEND with immediate.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::sg::{SgSource, source_list};
+use super::{OpConfig, RawOp};
+use crate::core::WorkRequest;
+use crate::error::Result;
+use crate::verbs::SendOp;
+
+/// The future of [`AsyncQp::send`](crate::driver::AsyncQp::send) and
+/// [`send_with_imm`](crate::driver::AsyncQp::send_with_imm): resolves to the send's outcome and
+/// the buffer.
+///
+/// # Cancel safety
+///
+/// Dropping it before the first poll sends nothing. Dropped later, the send may still happen;
+/// the buffer is released once the device is done with it.
+#[derive(Debug)]
+#[must_use = "operations do nothing until polled"]
+pub struct Send<B: SgSource> {
+    raw: RawOp<B>,
+}
+
+impl<B: SgSource> Send<B> {
+    pub(crate) fn new(cfg: &OpConfig, buf: B, imm: Option<u32>) -> Send<B> {
+        let wr = source_list(&buf, cfg.caps.max_send_sge).map(|sges| {
+            let op = match imm {
+                Some(imm) => SendOp::SendWithImm(imm),
+                None => SendOp::Send,
+            };
+            let total = sges.total_len();
+            let mut wr = WorkRequest::send(op, sges.as_slice());
+            wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
+            wr
+        });
+        Send {
+            raw: RawOp::new(cfg, buf, wr),
+        }
+    }
+}
+
+impl<B: SgSource> Future for Send<B> {
+    type Output = (Result<()>, B);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.raw
+            .poll_raw(cx)
+            .map(|(res, buf)| (res.map(|_| ()), buf))
+    }
+}

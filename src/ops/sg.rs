@@ -1,0 +1,161 @@
+//! Scatter/gather sources and targets: one buffer or a list of buffers.
+
+use crate::buf::{IoBuf, IoBufMut};
+use crate::core::SgList;
+use crate::error::{Error, Result};
+use crate::verbs::Sge;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Local memory an operation reads from (sends, RDMA WRITE): any [`IoBuf`], or a
+/// [`BufList`] of them for a scatter/gather list.
+pub trait SgSource: sealed::Sealed + Send + 'static {
+    /// Appends one entry per non-empty buffer covering its initialised bytes.
+    #[doc(hidden)]
+    fn source_segments(&self, out: &mut Vec<Sge>) -> Result<()>;
+}
+
+/// Local memory an operation writes into (receives, RDMA READ): any [`IoBufMut`], or a
+/// [`BufList`] of them.
+pub trait SgTarget: sealed::Sealed + Send + 'static {
+    /// Appends one entry per non-empty buffer covering its whole capacity.
+    #[doc(hidden)]
+    fn target_segments(&mut self, out: &mut Vec<Sge>) -> Result<()>;
+    /// Records that the first `n` bytes (across the list, in order) were written.
+    #[doc(hidden)]
+    fn set_filled(&mut self, n: usize);
+}
+
+/// Several buffers used as one scatter/gather list, in order.
+///
+/// # Examples
+///
+/// ```
+/// use tokio_rdma::ops::BufList;
+/// let list = BufList(vec![vec![1u8; 16], vec![2u8; 32]]);
+/// assert_eq!(list.0.len(), 2);
+/// ```
+#[derive(Debug, Default)]
+pub struct BufList<B>(pub Vec<B>);
+
+fn sge(ptr: *const u8, len: usize, lkey: Option<u32>) -> Result<Option<Sge>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    let lkey = lkey.ok_or_else(|| {
+        Error::InvalidArgument(
+            "buffer has no lkey: use registered memory (a pool buffer or a registered buffer)"
+                .into(),
+        )
+    })?;
+    let len = u32::try_from(len)
+        .map_err(|_| Error::InvalidArgument(format!("buffer of {len} bytes exceeds 4 GiB")))?;
+    Ok(Some(Sge::new(ptr as u64, len, lkey)))
+}
+
+impl<B: IoBuf> sealed::Sealed for B {}
+
+impl<B: IoBuf> SgSource for B {
+    fn source_segments(&self, out: &mut Vec<Sge>) -> Result<()> {
+        out.extend(sge(self.stable_ptr(), self.bytes_init(), self.lkey())?);
+        Ok(())
+    }
+}
+
+impl<B: IoBufMut> SgTarget for B {
+    fn target_segments(&mut self, out: &mut Vec<Sge>) -> Result<()> {
+        out.extend(sge(self.stable_mut_ptr(), self.bytes_total(), self.lkey())?);
+        Ok(())
+    }
+
+    fn set_filled(&mut self, n: usize) {
+        let n = n.min(self.bytes_total());
+        // SAFETY: the device wrote `n` bytes from the start of the buffer (the completion's
+        // byte count), so they are initialised.
+        unsafe { self.set_init(n) };
+    }
+}
+
+impl<B: IoBuf> sealed::Sealed for BufList<B> {}
+
+impl<B: IoBuf> SgSource for BufList<B> {
+    fn source_segments(&self, out: &mut Vec<Sge>) -> Result<()> {
+        for b in &self.0 {
+            b.source_segments(out)?;
+        }
+        Ok(())
+    }
+}
+
+impl<B: IoBufMut> SgTarget for BufList<B> {
+    fn target_segments(&mut self, out: &mut Vec<Sge>) -> Result<()> {
+        for b in &mut self.0 {
+            b.target_segments(out)?;
+        }
+        Ok(())
+    }
+
+    fn set_filled(&mut self, mut n: usize) {
+        for b in &mut self.0 {
+            let here = n.min(b.bytes_total());
+            b.set_filled(here);
+            n -= here;
+        }
+    }
+}
+
+/// Builds the scatter/gather list of a source, checking the queue pair's SGE limit.
+pub(crate) fn source_list<S: SgSource>(src: &S, max_sge: u32) -> Result<SgList> {
+    let mut v = Vec::new();
+    src.source_segments(&mut v)?;
+    check_count(v.len(), max_sge)?;
+    Ok(SgList::from_slice(&v))
+}
+
+/// Builds the scatter/gather list of a target, checking the queue pair's SGE limit.
+pub(crate) fn target_list<T: SgTarget>(dst: &mut T, max_sge: u32) -> Result<SgList> {
+    let mut v = Vec::new();
+    dst.target_segments(&mut v)?;
+    check_count(v.len(), max_sge)?;
+    Ok(SgList::from_slice(&v))
+}
+
+fn check_count(n: usize, max_sge: u32) -> Result<()> {
+    if n > max_sge as usize {
+        return Err(Error::InvalidArgument(format!(
+            "{n} scatter/gather entries exceed the queue pair's limit of {max_sge}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unregistered_memory_is_rejected_with_a_clear_error() {
+        let err = source_list(&vec![1u8; 4], 4).unwrap_err();
+        assert!(err.to_string().contains("no lkey"), "{err}");
+        // Empty buffers need no key and produce no entry.
+        assert!(
+            source_list(&Vec::<u8>::new(), 4)
+                .unwrap()
+                .as_slice()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn filled_bytes_spread_over_a_list() {
+        let mut list = BufList(vec![Vec::<u8>::with_capacity(4), Vec::with_capacity(4)]);
+        list.0[0].resize(4, 9);
+        list.0[1].resize(4, 9);
+        list.0[1].truncate(0);
+        list.set_filled(6);
+        assert_eq!(list.0[0].len(), 4);
+        assert_eq!(list.0[1].len(), 2);
+    }
+}

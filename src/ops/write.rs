@@ -1,0 +1,62 @@
+//! RDMA WRITE and WRITE with immediate.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::sg::{SgSource, source_list};
+use super::{OpConfig, RawOp, check_remote};
+use crate::buf::RemoteToken;
+use crate::core::WorkRequest;
+use crate::error::Result;
+use crate::verbs::SendOp;
+
+/// The future of [`AsyncQp::write`](crate::driver::AsyncQp::write) and
+/// [`write_with_imm`](crate::driver::AsyncQp::write_with_imm).
+///
+/// The local length is checked against the remote token before anything is posted; a write
+/// that does not fit resolves with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+///
+/// # Cancel safety
+///
+/// Dropping it before the first poll writes nothing. Dropped later, the write may still
+/// happen; the buffer is released once the device is done with it.
+#[derive(Debug)]
+#[must_use = "operations do nothing until polled"]
+pub struct Write<B: SgSource> {
+    raw: RawOp<B>,
+}
+
+impl<B: SgSource> Write<B> {
+    pub(crate) fn new(cfg: &OpConfig, buf: B, remote: RemoteToken, imm: Option<u32>) -> Write<B> {
+        let wr = source_list(&buf, cfg.caps.max_send_sge).and_then(|sges| {
+            let total = sges.total_len();
+            let remote_addr = check_remote(&remote, total)?;
+            let rkey = remote.rkey();
+            let op = match imm {
+                Some(imm) => SendOp::WriteWithImm {
+                    remote_addr,
+                    rkey,
+                    imm,
+                },
+                None => SendOp::Write { remote_addr, rkey },
+            };
+            let mut wr = WorkRequest::send(op, sges.as_slice());
+            wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
+            Ok(wr)
+        });
+        Write {
+            raw: RawOp::new(cfg, buf, wr),
+        }
+    }
+}
+
+impl<B: SgSource> Future for Write<B> {
+    type Output = (Result<()>, B);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.raw
+            .poll_raw(cx)
+            .map(|(res, buf)| (res.map(|_| ()), buf))
+    }
+}
