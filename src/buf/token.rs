@@ -145,6 +145,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::reversed_empty_ranges)]
     fn slicing_stays_in_bounds() {
         let t = RemoteToken::new(100, 10, 7);
         assert_eq!(t.slice(..).unwrap(), t);

@@ -406,8 +406,12 @@ impl<P> Core<P> {
 
     /// Posting failed with `errno` and the requests `not_posted` (a suffix of what
     /// [`take_postable`](Self::take_postable) returned) never reached the device: they fail at
-    /// once, and the queue pair is failed so that what was posted gets flushed (an unsignaled
-    /// request could otherwise wait forever for a signaled one that was never posted).
+    /// once, and the queue pair is failed (listed in [`Completed::failed`]).
+    ///
+    /// Unsignaled sends that *were* posted before the failure may already have executed, so no
+    /// flush will report them; the caller must then post the drain marker returned by
+    /// [`drain_marker`](Self::drain_marker) (a signaled zero-length send, after moving the queue
+    /// pair to ERR): its flush completion arrives last and retires them.
     pub fn post_failed(
         &mut self,
         qp: QpKey,
@@ -432,6 +436,32 @@ impl<P> Core<P> {
             }
             self.finish(id, Err(Error::QpFailed(failure.clone())), out);
         }
+    }
+
+    /// Appends an internal, signaled "drain" request to the send queue of `qp` and returns its
+    /// `wr_id`; the caller posts it as a zero-length signaled SEND on the queue pair (in the
+    /// error state it completes with a flush). Its completion retires every earlier send, as
+    /// any signaled completion does, and the marker itself resolves no future.
+    pub fn drain_marker(&mut self, qp: QpKey) -> u64 {
+        let wr_id = self.table.insert(Entry {
+            qp,
+            queue: Queue::Send,
+            // Behaves as a posted request whose future is gone.
+            lifecycle: Lifecycle::Cancelled,
+            waker: None,
+            payload: None,
+        });
+        self.slot(qp).sq_ring.push_back(wr_id);
+        wr_id
+    }
+
+    /// Whether `qp` has posted sends that only a later completion can retire (used after a
+    /// failed post to decide whether a drain marker is needed).
+    pub fn has_posted_sends(&self, qp: QpKey) -> bool {
+        self.qps
+            .get(qp.0 as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| !s.sq_ring.is_empty())
     }
 
     /// Completes every posted request of `qp` with its failure, without waiting for the

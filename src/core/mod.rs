@@ -44,6 +44,8 @@
 mod engine;
 mod qp;
 mod table;
+#[cfg(test)]
+mod tests;
 mod wr;
 
 pub use engine::{Completed, Core, QpConfig, QpKey, Submitted};

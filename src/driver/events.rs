@@ -101,8 +101,8 @@ fn dispatch(shared: &Arc<Shared>, ev: &AsyncEvent) {
         };
         for qp in victims {
             st.fail(qp, QpFailure::AsyncEvent(ev.name), &mut out);
-            if matches!(ev.element, EventElement::Device | EventElement::Cq(_)) {
-                // No flush will come from a dead device or an overrun CQ.
+            if ev.element == EventElement::Device {
+                // No flush will come from a dead device, and it touches no memory any more.
                 st.core.abandon_qp(qp, &mut out);
             }
         }

@@ -10,7 +10,7 @@ use tracing::warn;
 
 use crate::core::{Completed, Core, PostItem, QpKey, Queue};
 use crate::error::{Error, QpFailure};
-use crate::verbs::{CompletionQueue, QueuePair, RecvWr, SendWr};
+use crate::verbs::{CompletionQueue, QueuePair, RecvWr, SendOp, SendWr};
 
 /// What an operation parks in the table: its buffers (and anything that must live as long).
 pub(crate) type Payload = Box<dyn Any + Send>;
@@ -121,12 +121,30 @@ impl State {
                 .take_while(|p| p.wr.queue == Queue::Recv)
                 .count();
             let (recvs, sends) = posts.split_at(recv_end);
-            if let Err((bad, errno)) = post_recvs(&handle, recvs) {
+            let failed = if let Err((bad, errno)) = post_recvs(&handle, recvs) {
                 let ids: Vec<u64> = posts[bad..].iter().map(|p| p.wr_id).collect();
                 self.core.post_failed(qp, &ids, errno, out);
+                true
             } else if let Err((bad, errno)) = post_sends(&handle, sends) {
                 let ids: Vec<u64> = sends[bad..].iter().map(|p| p.wr_id).collect();
                 self.core.post_failed(qp, &ids, errno, out);
+                true
+            } else {
+                false
+            };
+            if failed && self.core.has_posted_sends(qp) {
+                // Sends posted before the failure may have executed unsignaled: move the QP to
+                // ERR, then post a signaled drain marker whose flush retires all of them.
+                self.apply_failures(out);
+                let wr_id = self.core.drain_marker(qp);
+                let marker = [SendWr::new(wr_id, SendOp::Send, &[])];
+                // SAFETY: a zero-length send names no memory.
+                let posted = unsafe { handle.post_send(&marker) };
+                if let Err(e) = posted {
+                    // Releasing the buffers could let the device write freed memory: keep
+                    // them parked (leaked) rather than risk it.
+                    tracing::error!(error = %e, "posting the drain marker failed; the queue pair's earlier sends stay parked");
+                }
             }
             let n = posts.len() as u64;
             shared.counters.posted.fetch_add(n, Ordering::Relaxed);
