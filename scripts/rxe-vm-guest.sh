@@ -1,14 +1,14 @@
 #!/bin/sh
 # rxe-vm stage 2: runs in the guest as root, chrooted into the host's (read-only) root, under the
-# host's /bin/sh. scripts/rxe-vm copies it into the per-run control directory, which the guest
-# sees at /run/rxe-vm/ctl (writable 9p share) next to:
+# host's /bin/sh, after stage 1 (scripts/rxe-vm-init.sh) mounted the file systems and brought
+# dummy0 up at 192.0.2.1/24. scripts/rxe-vm copies it into the per-run control directory, which
+# the guest sees at /run/rxe-vm/ctl (writable 9p share) next to:
 #   config   sourced here: RXE_VM_CWD (directory COMMAND runs in), RXE_VM_OUT (host --out
 #            directory, mounted at the same path; empty without --out)
 #   cmd.sh   run with an empty environment: exports COMMAND's environment, then execs COMMAND
-# It mounts the pseudo file systems and tmpfs on /tmp, creates dummy0 (192.0.2.1/24) and rxe0 on
-# it, waits until rxe0 is ACTIVE with its IPv4 GID and listed by ibv_devices, raises the
-# memlock limit and runs COMMAND with stdout+stderr on the virtio serial port "rxe-vm.out",
-# which qemu writes to a host file that rxe-vm streams.
+# It adds rxe0 on dummy0, waits until rxe0 is ACTIVE with its IPv4 GID and listed by
+# ibv_devices, raises the memlock limit and runs COMMAND with stdout+stderr on the virtio serial
+# port "rxe-vm.out", which qemu writes to a host file that rxe-vm streams.
 # Outcome, written to ctl/status and echoed on the console as "RXE_VM_STATUS <outcome>":
 #   exit N             COMMAND ran and exited with status N
 #   fail CODE WHY      setup failed (CODE 122: guest setup, 123: RDMA setup; see rxe-vm)
@@ -39,13 +39,6 @@ fail() {
 	exit 1
 }
 
-mount -t proc proc /proc || fail 122 "cannot mount /proc"
-mount -t sysfs sysfs /sys || fail 122 "cannot mount /sys"
-mount -t devtmpfs devtmpfs /dev || fail 122 "cannot mount /dev"
-mkdir -p /dev/pts /dev/shm
-mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts || fail 122 "cannot mount /dev/pts"
-mount -t tmpfs -o mode=1777 shm /dev/shm || fail 122 "cannot mount /dev/shm"
-mount -t tmpfs -o mode=1777 tmp /tmp || fail 122 "cannot mount a tmpfs on /tmp"
 log "stage 2 started"
 
 [ -r "$ctl/config" ] || fail 122 "$ctl/config missing"
@@ -71,15 +64,7 @@ if [ -z "$port" ] || [ ! -c "$port" ]; then
 	fail 122 "virtio serial port rxe-vm.out not found"
 fi
 
-# rxe cannot sit on lo: put it on a dummy device. Both ends of a connection use 192.0.2.1 and
-# rxe's internal loopback path.
-ip link set lo up || fail 123 "cannot bring lo up"
-if ! ip link show dummy0 >/dev/null 2>&1; then
-	ip link add dummy0 type dummy || fail 123 "cannot create dummy0"
-fi
-ip addr add 192.0.2.1/24 dev dummy0 || fail 123 "cannot add 192.0.2.1/24 to dummy0"
-ip link set dummy0 up || fail 123 "cannot bring dummy0 up"
-log "dummy0 up"
+# Both ends of a connection use 192.0.2.1 and rxe's internal loopback path.
 out=$(rdma link add rxe0 type rxe netdev dummy0 2>&1) ||
 	fail 123 "'rdma link add rxe0 type rxe netdev dummy0' failed: $out"
 
@@ -105,6 +90,8 @@ printf '%s\n' "$devs" | grep -qw rxe0 || fail 123 "ibv_devices does not list rxe
 # shellcheck disable=SC3045 # dash, the host's /bin/sh, has ulimit -l
 ulimit -l unlimited || fail 123 "ulimit -l unlimited failed"
 log "rxe0 ready on dummy0 (192.0.2.1)"
+# The kernel booted quietly; from now on its messages up to info level reach the console log.
+echo 7 >/proc/sys/kernel/printk
 
 cd "$RXE_VM_CWD" || fail 122 "cannot cd to $RXE_VM_CWD in the guest"
 : >"$ctl/started"

@@ -7,8 +7,11 @@
 //!
 //! * **Memory window** ([`GrantKind::Window`]): a type-2 window bound to the range with
 //!   `IBV_WR_BIND_MW` on the queue pair the peer uses, revoked by deallocating the window.
-//!   Needs a device with type-2 windows and a buffer whose registration allows `MW_BIND`
-//!   (pool buffers do when the device supports windows). soft-RoCE (`rxe`) takes this path.
+//!   Needs a device with type-2 windows that confines accesses to the window
+//!   ([`MemoryWindow::bounds_enforced`]) and a buffer whose registration allows `MW_BIND`
+//!   (pool buffers do when the device supports windows). soft-RoCE (`rxe`) supports type-2
+//!   windows but checks window accesses only against the underlying region's bounds (measured
+//!   on Linux 6.1), so it takes the dedicated-registration path.
 //! * **Dedicated registration** ([`GrantKind::Region`]): `ibv_reg_mr` of just the range with
 //!   just the rights, deregistered on revoke. Works for any buffer on any device.
 //!
@@ -110,6 +113,16 @@ impl fmt::Debug for RemoteAccess {
 }
 
 /// How a grant is enforced.
+///
+/// # Examples
+///
+/// ```no_run
+/// # use tokio_rdma::buf::{Grant, GrantKind, RemoteAccess};
+/// # fn f(pd: &tokio_rdma::verbs::ProtectionDomain) -> tokio_rdma::Result<()> {
+/// let g = Grant::region(pd, vec![0u8; 64], 0..64, RemoteAccess::READ)?;
+/// assert_eq!(g.kind(), GrantKind::Region);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GrantKind {
     /// A type-2 memory window bound on a queue pair.
@@ -149,7 +162,7 @@ enum Key {
     Region(MemoryRegion),
 }
 
-/// Remote access to `range` of a buffer, revoked on drop. See the [module docs](self).
+/// Remote access to `range` of a buffer, revoked on drop. Design notes: `docs/memory.md`.
 ///
 /// # Examples
 ///
@@ -245,7 +258,8 @@ impl<B: IoBufMut> Grant<B> {
 
 impl<B: GrantBuf> Grant<B> {
     /// Grants `access` to `range` of `buf` the best way available: a memory window bound on
-    /// `qp` when the device supports type-2 windows and the buffer's registration allows it,
+    /// `qp` when the device supports type-2 windows, enforces their bounds, and the buffer's
+    /// registration allows binding,
     /// else a dedicated registration in `qp`'s protection domain. See [`Grant::window`] for
     /// `wr_id` and `wait` (unused on the registration path).
     ///
@@ -260,7 +274,8 @@ impl<B: GrantBuf> Grant<B> {
         wr_id: u64,
         wait: impl FnOnce(u64) -> Result<WorkCompletion>,
     ) -> Result<Grant<B>> {
-        let windows = qp.pd().context().device_attr().supports_mw_type2();
+        let ctx = qp.pd().context();
+        let windows = ctx.device_attr().supports_mw_type2() && MemoryWindow::bounds_enforced(ctx);
         if windows && buf.window_region().is_some() {
             Grant::window(qp, buf, range, access, wr_id, wait)
         } else {
@@ -278,8 +293,9 @@ impl<B: GrantBuf> Grant<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] if the device lacks type-2 windows or the buffer has no
-    /// `MW_BIND` registration; [`Error::InvalidArgument`] for a bad range;
+    /// [`Error::Unsupported`] if the device lacks type-2 windows, does not enforce window
+    /// bounds ([`MemoryWindow::bounds_enforced`]: soft-RoCE), or the buffer has no `MW_BIND`
+    /// registration; [`Error::InvalidArgument`] for a bad range;
     /// [`Error::AllocMw`], [`Error::BindMw`]; [`Error::WorkCompletion`] if the bind failed
     /// (which also moves `qp` to the error state); `wait`'s error.
     pub fn window(
@@ -294,6 +310,13 @@ impl<B: GrantBuf> Grant<B> {
         if !ctx.device_attr().supports_mw_type2() {
             return Err(Error::Unsupported(format!(
                 "{} has no type-2 memory windows",
+                ctx.name()
+            )));
+        }
+        if !MemoryWindow::bounds_enforced(ctx) {
+            return Err(Error::Unsupported(format!(
+                "{} does not confine window accesses to the window's range; \
+                 use a dedicated registration (Grant::region)",
                 ctx.name()
             )));
         }

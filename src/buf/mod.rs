@@ -6,12 +6,16 @@
 //! they report stays valid and unchanged for the life of the value, even when the value itself
 //! is moved (it points to the heap or to a registered pool, never into the value).
 
+mod cache;
+#[cfg(test)]
+mod fake;
 mod grant;
 mod pool;
 mod registrar;
 mod slice;
 mod token;
 
+pub use cache::{CacheConfig, CacheMetrics, MrLease, RegCache};
 pub use grant::{Grant, GrantBuf, GrantKind, RemoteAccess};
 pub use pool::{Acquire, Pool, PoolBuf, PoolConfig, PoolMetrics, SizeClass};
 pub use registrar::{MrRegistrar, Registrar, Registration};

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::ptr::NonNull;
 
+use super::context::Context;
 use super::mr::MemoryRegion;
 use super::pd::ProtectionDomain;
 use super::qp::QueuePair;
@@ -136,6 +137,27 @@ impl MemoryWindow {
         tracing::trace!(qpn = qp.qpn(), len, ?access, "posted memory window bind");
         Ok(rkey)
     }
+}
+
+/// The vendor id soft-RoCE (`rdma_rxe`) reports.
+const RXE_VENDOR_ID: u32 = 0xff_ffff;
+
+impl MemoryWindow {
+    /// Whether the device is known to confine accesses through a type-2 window to the window's
+    /// own range. False for soft-RoCE (`rxe`): measured on Linux 6.1, its responder checks an
+    /// access through a window only against the bounds of the memory region under it, so a
+    /// peer holding the window's rkey could reach the whole region (see `tests/buf_grant.rs`).
+    /// Grants therefore use dedicated registrations there.
+    pub fn bounds_enforced(ctx: &Context) -> bool {
+        vendor_id(ctx) != Some(RXE_VENDOR_ID) && !ctx.name().starts_with("rxe")
+    }
+}
+
+fn vendor_id(ctx: &Context) -> Option<u32> {
+    let mut raw = sys::ibv_device_attr::default();
+    // SAFETY: the context is open and `raw` is a valid out-parameter.
+    let rc = unsafe { sys::ibv_query_device(ctx.as_ptr(), &mut raw) };
+    (rc == 0).then_some(raw.vendor_id)
 }
 
 impl Drop for MemoryWindow {

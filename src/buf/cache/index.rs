@@ -53,6 +53,11 @@ impl<V> RangeIndex<V> {
         Some(&e.value)
     }
 
+    /// The value of the range starting at `start`.
+    pub(super) fn get(&self, start: u64) -> Option<&V> {
+        self.by_start.get(&start).map(|e| &e.value)
+    }
+
     /// Starts of the ranges that overlap `[start, end)` or touch it (`adjacent`).
     pub(super) fn touching(&self, start: u64, end: u64, adjacent: bool) -> Vec<u64> {
         let upto = if adjacent { end } else { end.saturating_sub(1) };
@@ -60,7 +65,13 @@ impl<V> RangeIndex<V> {
             .by_start
             .range(..=upto)
             .rev()
-            .take_while(|(_, e)| if adjacent { e.end >= start } else { e.end > start })
+            .take_while(|(_, e)| {
+                if adjacent {
+                    e.end >= start
+                } else {
+                    e.end > start
+                }
+            })
             .map(|(&s, _)| s)
             .collect();
         if !adjacent && end == start {
@@ -104,11 +115,7 @@ impl<V> RangeIndex<V> {
 
     /// Removes the least recently used range, unless it is the one starting at `keep`.
     pub(super) fn pop_lru_except(&mut self, keep: u64) -> Option<(u64, u64, V)> {
-        let start = self
-            .lru
-            .values()
-            .copied()
-            .find(|&s| s != keep)?;
+        let start = self.lru.values().copied().find(|&s| s != keep)?;
         let (end, v) = self.remove(start)?;
         Some((start, end, v))
     }
@@ -133,7 +140,11 @@ mod tests {
         assert_eq!(ix.covering(150, 201), None);
         assert_eq!(ix.covering(250, 260), None);
         assert_eq!(ix.covering(50, 60), None);
-        assert_eq!(ix.touching(200, 300, true), vec![100, 300], "adjacent both sides");
+        assert_eq!(
+            ix.touching(200, 300, true),
+            vec![100, 300],
+            "adjacent both sides"
+        );
         assert!(ix.touching(200, 300, false).is_empty());
         assert_eq!(ix.touching(199, 301, false), vec![100, 300]);
         assert_eq!(ix.touching(0, 1000, false), vec![100, 300]);
@@ -148,7 +159,11 @@ mod tests {
         ix.insert(20, 30, 2);
         ix.covering(0, 5); // 0 becomes most recent
         assert_eq!(ix.pop_lru_except(99).map(|x| x.2), Some(1));
-        assert_eq!(ix.pop_lru_except(20).map(|x| x.2), Some(0), "keeps the protected one");
+        assert_eq!(
+            ix.pop_lru_except(20).map(|x| x.2),
+            Some(0),
+            "keeps the protected one"
+        );
         assert_eq!(ix.pop_lru_except(20), None);
         assert_eq!(ix.len(), 1);
         assert_eq!(ix.bytes(), 10);

@@ -90,8 +90,16 @@ mod tests {
         let m = find_in(MAPS, 0x7fff00000000, 0x7fff00000100).unwrap();
         assert!(!m.writable, "read-only file mapping");
         assert!(find_in(MAPS, 0x00e03000, 0x00e04000).unwrap().special);
-        assert_eq!(find_in(MAPS, 0x7f0000250000, 0x7f0000250001), None, "PROT_NONE");
-        assert_eq!(find_in(MAPS, 0x7f00001f0000, 0x7f0000210000), None, "runs into PROT_NONE");
+        assert_eq!(
+            find_in(MAPS, 0x7f0000250000, 0x7f0000250001),
+            None,
+            "PROT_NONE"
+        );
+        assert_eq!(
+            find_in(MAPS, 0x7f00001f0000, 0x7f0000210000),
+            None,
+            "runs into PROT_NONE"
+        );
         assert_eq!(find_in(MAPS, 0x10, 0x20), None, "unmapped");
     }
 

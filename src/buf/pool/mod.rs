@@ -184,7 +184,8 @@ pub struct PoolMetrics {
 /// A pool of registered buffers. Cheap to clone; the memory is deregistered and unmapped when
 /// the last clone and the last [`PoolBuf`] are gone.
 ///
-/// See the [module documentation](self) for the design.
+/// Design (size classes, huge pages, sharded lock-free free lists, FIFO hand-off to waiters):
+/// `docs/memory.md`.
 ///
 /// # Examples
 ///
@@ -417,6 +418,19 @@ fn normalize(classes: &[SizeClass]) -> Result<Vec<SizeClass>> {
 }
 
 /// The future of [`Pool::acquire`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn f(pool: tokio_rdma::buf::Pool) -> tokio_rdma::Result<()> {
+/// use std::time::Duration;
+/// // Give up after a second; dropping the future on timeout loses nothing.
+/// match tokio::time::timeout(Duration::from_secs(1), pool.acquire(4096)).await {
+///     Ok(buf) => println!("got {:?}", buf?),
+///     Err(_) => println!("pool still exhausted"),
+/// }
+/// # Ok(()) }
+/// ```
 ///
 /// # Cancel safety
 ///

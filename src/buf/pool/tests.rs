@@ -1,51 +1,10 @@
 //! Host unit tests of the pool with a fake registrar (no device: only the pool's own logic).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 
 use super::*;
+use crate::buf::fake::FakeRegistrar;
 use crate::buf::{IoBuf, IoBufMut};
-
-#[derive(Debug, Default)]
-pub(crate) struct FakeRegistrar {
-    next: AtomicU32,
-    pub(crate) live: Arc<AtomicUsize>,
-    pub(crate) registered: AtomicUsize,
-}
-
-#[derive(Debug)]
-struct FakeReg {
-    lkey: u32,
-    live: Arc<AtomicUsize>,
-}
-
-impl Registration for FakeReg {
-    fn lkey(&self) -> u32 {
-        self.lkey
-    }
-}
-
-impl Drop for FakeReg {
-    fn drop(&mut self) {
-        self.live.fetch_sub(1, SeqCst);
-    }
-}
-
-impl Registrar for FakeRegistrar {
-    unsafe fn register(
-        &self,
-        _addr: *mut u8,
-        _len: usize,
-        _access: AccessFlags,
-    ) -> Result<Box<dyn Registration>> {
-        self.live.fetch_add(1, SeqCst);
-        self.registered.fetch_add(1, SeqCst);
-        Ok(Box::new(FakeReg {
-            lkey: 0x100 + self.next.fetch_add(1, SeqCst),
-            live: self.live.clone(),
-        }))
-    }
-}
 
 fn pool(classes: &[(usize, usize)]) -> Pool {
     let cfg = PoolConfig::default()
