@@ -41,6 +41,7 @@ REQUIRED = [
     "crc32_generic",  # rxe looks up "crc32" in the crypto API: without it `rdma link add` fails
     "rdma_ucm",  # RDMA CM from user space (rdma_cm, iw_cm, ib_cm, configfs come as dependencies)
     "dummy",  # rxe cannot be bound to lo: it sits on dummy0
+    "overlay",  # the guest's /tmp: the host's /tmp (read-only) under a writable tmpfs
 ]
 # Shipped when the kernel has them, loaded only on request: useful for some tests, not needed
 # to boot (loading them costs about 0.5 s under TCG).

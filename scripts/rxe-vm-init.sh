@@ -52,7 +52,15 @@ log "modules loaded"
 mount -t 9p -o "$p9,ro,cache=loose" hostroot /host || fail 122 "cannot mount the host root (9p tag hostroot)"
 h=/host
 mount -t tmpfs -o mode=0755 run $h/run || fail 122 "cannot mount a tmpfs on /run"
-mount -t tmpfs -o mode=1777 tmp $h/tmp || fail 122 "cannot mount a tmpfs on /tmp"
+# /tmp: the host's /tmp stays visible (read-only lower layer, so a clone or build under /tmp
+# works) under a fresh writable tmpfs (the upper layer); writes never reach the host.
+mkdir -p /ovl
+mount -t tmpfs -o mode=0755 ovl /ovl || fail 122 "cannot mount a tmpfs for /tmp"
+mkdir -p /ovl/upper /ovl/work && chmod 1777 /ovl/upper
+if ! mount -t overlay -o "lowerdir=$h/tmp,upperdir=/ovl/upper,workdir=/ovl/work" overlay $h/tmp; then
+	log "overlay on /tmp failed; /tmp is a plain tmpfs (the host's /tmp is hidden)"
+	mount -t tmpfs -o mode=1777 tmp $h/tmp || fail 122 "cannot mount a tmpfs on /tmp"
+fi
 mount -t proc proc $h/proc || fail 122 "cannot mount /proc"
 mount -t sysfs sysfs $h/sys || fail 122 "cannot mount /sys"
 mount -t devtmpfs devtmpfs $h/dev || fail 122 "cannot mount /dev"
