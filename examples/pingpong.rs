@@ -110,10 +110,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // B: an echo task. Its receive for the next ping is posted before it echoes the current
     // one, so a ping never finds the receive queue empty.
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let echo = tokio::spawn(async move {
         let [first, mut spare] = b_bufs;
         let mut recv = Box::pin(b.recv(first));
         assert!(futures::poll!(&mut recv).is_pending());
+        let _ = ready_tx.send(()); // the first ping may go now
         for i in 0..iters {
             let (res, rx) = recv.await;
             assert_eq!(res?.len, size, "ping {i} length");
@@ -129,6 +131,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // A: the client, timing round trips: send the ping and wait for the pong (the send's own
     // completion is awaited in parallel, as perftest harvests it).
+    ready_rx.await?;
     let mut samples = Vec::with_capacity(iters);
     let total = Instant::now();
     for i in 0..iters {

@@ -166,6 +166,20 @@ pub enum Error {
     /// outstanding on a failed queue pair, and every later one, reports the same cause.
     #[error("queue pair failed: {0}")]
     QpFailed(QpFailure),
+    /// Waiting for an RDMA CM event's descriptor failed.
+    #[error("RDMA CM event channel failed")]
+    CmChannel(#[source] io::Error),
+    /// A step did not finish in time.
+    #[error("{what} did not happen within {after:?}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// The time limit.
+        after: std::time::Duration,
+    },
+    /// The peer violated the connection protocol (bad header, message without a credit, ...).
+    #[error("protocol error: {0}")]
+    Protocol(String),
     /// An argument was rejected before any verb was called.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -208,6 +222,145 @@ pub enum Error {
     /// The device, or the buffer, does not support what was asked.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// `rdma_create_event_channel` failed (`ENODEV`/`ENOSYS`: no RDMA CM support, e.g. the
+    /// `rdma_ucm` module is not loaded or `/dev/infiniband/rdma_cm` is missing).
+    #[error("rdma_create_event_channel failed")]
+    CreateEventChannel(#[source] io::Error),
+    /// `rdma_create_id` failed.
+    #[error("rdma_create_id failed")]
+    CreateCmId(#[source] io::Error),
+    /// `rdma_bind_addr` failed.
+    #[error("rdma_bind_addr({addr}) failed")]
+    BindAddr {
+        /// The address to bind.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `rdma_listen` failed.
+    #[error("rdma_listen failed")]
+    Listen(#[source] io::Error),
+    /// `rdma_resolve_addr` failed to start.
+    #[error("rdma_resolve_addr(to {dst}) failed")]
+    ResolveAddr {
+        /// The destination address.
+        dst: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `rdma_resolve_route` failed to start.
+    #[error("rdma_resolve_route failed")]
+    ResolveRoute(#[source] io::Error),
+    /// `rdma_connect` failed.
+    #[error("rdma_connect failed")]
+    CmConnect(#[source] io::Error),
+    /// `rdma_accept` failed.
+    #[error("rdma_accept failed")]
+    CmAccept(#[source] io::Error),
+    /// `rdma_reject` failed.
+    #[error("rdma_reject failed")]
+    CmReject(#[source] io::Error),
+    /// `rdma_establish` failed.
+    #[error("rdma_establish failed")]
+    CmEstablish(#[source] io::Error),
+    /// `rdma_disconnect` failed.
+    #[error("rdma_disconnect failed")]
+    CmDisconnect(#[source] io::Error),
+    /// `rdma_notify` failed.
+    #[error("rdma_notify failed")]
+    CmNotify(#[source] io::Error),
+    /// `rdma_migrate_id` failed.
+    #[error("rdma_migrate_id failed")]
+    MigrateId(#[source] io::Error),
+    /// `rdma_set_option` failed.
+    #[error("rdma_set_option({option}) failed")]
+    CmSetOption {
+        /// The option.
+        option: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `rdma_get_cm_event` failed (other than "no event pending").
+    #[error("rdma_get_cm_event failed")]
+    GetCmEvent(#[source] io::Error),
+    /// `rdma_get_devices` failed.
+    #[error("rdma_get_devices failed")]
+    GetCmDevices(#[source] io::Error),
+    /// `rdma_init_qp_attr` failed for the target state `to` (the CM id is not far enough in
+    /// its connection setup for that state, or has no device yet).
+    #[error("rdma_init_qp_attr for {to:?} failed")]
+    InitQpAttr {
+        /// The target state.
+        to: QpState,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Private data longer than the transport carries in this message.
+    #[error("{len} bytes of private data exceed the {max}-byte limit of {what}")]
+    PrivateDataTooLong {
+        /// The message: `"rdma_connect"`, `"rdma_accept"` or `"rdma_reject"`.
+        what: &'static str,
+        /// Length given.
+        len: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// The peer rejected the connection request (`RDMA_CM_EVENT_REJECTED`). `private_data`
+    /// is what the peer passed to `rdma_reject` (padded with zeros by the transport); `status`
+    /// is the transport's reject reason (InfiniBand CM: 8 = no listener on that service ID /
+    /// port, 28 = rejected by the peer application).
+    #[error(
+        "connection rejected (RDMA_CM_EVENT_REJECTED, reason {status}: {reason}){pd}",
+        pd = private_data_note(private_data)
+    )]
+    ConnectionRejected {
+        /// The transport reject reason.
+        status: i32,
+        /// A description of `status`.
+        reason: &'static str,
+        /// The reject private data.
+        private_data: Vec<u8>,
+    },
+    /// An RDMA CM event reported a failure: `RDMA_CM_EVENT_ADDR_ERROR`, `ROUTE_ERROR`,
+    /// `CONNECT_ERROR`, `UNREACHABLE`, `DEVICE_REMOVAL`, or an error status on another event.
+    /// `source` holds the errno when the status is a negative errno.
+    #[error("{event} (status {status})")]
+    CmEventFailed {
+        /// The event name as `rdma_event_str` prints it.
+        event: &'static str,
+        /// The event status (negative errno or a transport-specific value).
+        status: i32,
+        /// The errno, when `status` is a negative errno.
+        #[source]
+        source: Option<io::Error>,
+    },
+    /// An RDMA CM event arrived that the connection setup did not expect at this step.
+    #[error("unexpected RDMA CM event {got} (expected {expected})")]
+    UnexpectedCmEvent {
+        /// What the setup was waiting for.
+        expected: &'static str,
+        /// The event that arrived.
+        got: &'static str,
+    },
+    /// The connection handshake (private data) was malformed or incompatible.
+    #[error("handshake: {0}")]
+    Handshake(#[from] crate::conn::handshake::HandshakeError),
+}
+
+fn private_data_note(pd: &[u8]) -> String {
+    let used = pd.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    if used == 0 {
+        return String::new();
+    }
+    let shown = &pd[..used.min(64)];
+    match std::str::from_utf8(shown) {
+        Ok(text) if text.chars().all(|c| !c.is_control()) => format!(", peer said {text:?}"),
+        _ => format!(", private data {shown:02x?}"),
+    }
 }
 
 fn locked_note(locked: Option<u64>) -> String {
@@ -234,6 +387,9 @@ pub enum QpFailure {
     /// The queue pair was closed locally.
     #[error("the queue pair was closed")]
     Closed,
+    /// The peer disconnected (RDMA CM `DISCONNECTED`), or the connection was torn down.
+    #[error("the peer disconnected")]
+    Disconnected,
     /// The device reported an asynchronous error event for the queue pair or its port.
     #[error("asynchronous event {0}")]
     AsyncEvent(&'static str),
@@ -276,6 +432,9 @@ impl From<Error> for io::Error {
         let kind = match &err {
             Error::DeviceNotFound { .. } | Error::NoActivePort { .. } => io::ErrorKind::NotFound,
             Error::InvalidArgument(_) => io::ErrorKind::InvalidInput,
+            Error::Protocol(_) => io::ErrorKind::InvalidData,
+            Error::Timeout { .. } => io::ErrorKind::TimedOut,
+            Error::QpFailed(QpFailure::Disconnected) => io::ErrorKind::ConnectionReset,
             Error::Unsupported(_) => io::ErrorKind::Unsupported,
             Error::MemlockExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::WorkCompletion { status, .. } => status.io_kind(),
@@ -285,6 +444,13 @@ impl From<Error> for io::Error {
             Error::RegMr { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => {
                 io::ErrorKind::OutOfMemory
             }
+            Error::ConnectionRejected { .. } => io::ErrorKind::ConnectionRefused,
+            Error::CmEventFailed { event, .. } if *event == "RDMA_CM_EVENT_UNREACHABLE" => {
+                io::ErrorKind::HostUnreachable
+            }
+            Error::PrivateDataTooLong { .. } => io::ErrorKind::InvalidInput,
+            Error::Handshake(_) => io::ErrorKind::InvalidData,
+            Error::UnexpectedCmEvent { .. } => io::ErrorKind::ConnectionAborted,
             other => match other.raw_os_error() {
                 Some(code) => io::Error::from_raw_os_error(code).kind(),
                 None => io::ErrorKind::Other,

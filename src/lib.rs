@@ -27,6 +27,7 @@
 //! Device tests run on soft-RoCE (`rdma_rxe`) in a QEMU VM: see `docs/testing.md`.
 
 pub mod buf;
+pub mod conn;
 pub mod core;
 pub mod driver;
 mod error;

@@ -41,12 +41,16 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod credits;
 mod engine;
+mod msg;
 mod qp;
 mod table;
 #[cfg(test)]
 mod tests;
 mod wr;
 
+pub use credits::Credits;
 pub use engine::{Completed, Core, QpConfig, QpKey, Submitted};
+pub use msg::{MsgHeader, MsgKind};
 pub use wr::{Cqe, OpInfo, PostItem, Queue, SgList, WorkRequest};

@@ -162,6 +162,8 @@ pub struct Driver {
 struct DriverInner {
     shared: Arc<Shared>,
     ctx: Context,
+    /// Dropped with the completion task: tells whether the task (and its runtime) still runs.
+    alive: Arc<()>,
 }
 
 impl Drop for DriverInner {
@@ -189,19 +191,28 @@ impl Driver {
         let channel = CompletionChannel::new(ctx)?;
         let cq = CompletionQueue::new(ctx, opts.cq_size, Some(&channel))?;
         let shared = Arc::new(Shared::new(cq));
-        tokio::spawn(completion::run(
-            shared.clone(),
-            opts.mode,
-            opts.poll_batch.max(1),
-        ));
+        let alive = Arc::new(());
+        let token = alive.clone();
+        let task = completion::run(shared.clone(), opts.mode, opts.poll_batch.max(1));
+        tokio::spawn(async move {
+            let _token = token;
+            task.await;
+        });
         tokio::spawn(events::run(ctx.clone(), Arc::downgrade(&shared)));
         debug!(device = ctx.name(), ?opts, "driver started");
         Ok(Driver {
             inner: Arc::new(DriverInner {
                 shared,
                 ctx: ctx.clone(),
+                alive,
             }),
         })
+    }
+
+    /// Whether the completion task still runs (it stops when its runtime shuts down).
+    pub fn is_running(&self) -> bool {
+        // The task holds one reference to `alive` and drops it when it ends or is dropped.
+        Arc::strong_count(&self.inner.alive) > 1
     }
 
     /// The device context.

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use tracing::debug;
 
+use super::cm::CmId;
+use super::cm_device::CmDeviceList;
 use super::device::DeviceList;
 use super::types::{Gid, GidType, Mtu, PortState};
 use crate::error::{Error, Result};
@@ -33,6 +35,18 @@ struct ContextInner {
     ctx: NonNull<sys::ibv_context>,
     name: String,
     attr: DeviceAttr,
+    owner: Owner,
+}
+
+/// Who closes the `ibv_context`.
+enum Owner {
+    /// Opened with `ibv_open_device`: closed on drop.
+    Verbs,
+    /// Opened by librdmacm: never closed here; the list keeps it open while we use it.
+    RdmaCm {
+        /// Held for its `Drop` only.
+        _devices: Arc<CmDeviceList>,
+    },
 }
 
 // SAFETY: libibverbs contexts are thread-safe: every verb on a context may be called from any
@@ -221,8 +235,84 @@ impl Context {
         };
         debug!(device = %name, ?attr, "opened RDMA device");
         Ok(Context {
-            inner: Arc::new(ContextInner { ctx, name, attr }),
+            inner: Arc::new(ContextInner {
+                ctx,
+                name,
+                attr,
+                owner: Owner::Verbs,
+            }),
         })
+    }
+
+    /// The device context a CM id is bound to: the `ibv_context` librdmacm opened for it.
+    /// Create the protection domain, completion queue, [`Driver`](crate::driver::Driver) and
+    /// queue pair of an RDMA CM connection on this context.
+    ///
+    /// The context is librdmacm's and is never closed by this handle; it stays open while the
+    /// handle (or anything created from it) lives. Every call returns a new handle to the same
+    /// `ibv_context`: create it once per device and reuse it for later ids bound to the same
+    /// device (check with [`CmId::is_on`]), so that one driver serves the device.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the id is not bound to a device yet (call it after
+    /// `RDMA_CM_EVENT_ADDR_RESOLVED`, on the id of a `CONNECT_REQUEST`, or after binding to a
+    /// specific local address); [`Error::GetCmDevices`] or [`Error::QueryDevice`] if the
+    /// queries fail.
+    pub fn from_cm_id(id: &CmId) -> Result<Context> {
+        let Some(want) = id.verbs_ptr() else {
+            return Err(Error::InvalidArgument(
+                "the RDMA CM id is not bound to a device yet (resolve its address first, or \
+                 use the id of a CONNECT_REQUEST)"
+                    .into(),
+            ));
+        };
+        let list = Arc::new(CmDeviceList::get()?);
+        if !list.iter().any(|c| c == want) {
+            return Err(Error::InvalidArgument(
+                "the RDMA CM id's device is not in rdma_get_devices()".into(),
+            ));
+        }
+        Context::wrap_cm(want, list)
+    }
+
+    /// Every device librdmacm has opened (`rdma_get_devices`), as contexts that
+    /// [`CmId::is_on`] recognises: open them once, then pick the one an id is bound to.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GetCmDevices`] (e.g. `ENODEV` with no RDMA devices or no RDMA CM support);
+    /// [`Error::QueryDevice`].
+    pub fn rdma_cm_devices() -> Result<Vec<Context>> {
+        let list = Arc::new(CmDeviceList::get()?);
+        list.iter()
+            .map(|ctx| Context::wrap_cm(ctx, list.clone()))
+            .collect()
+    }
+
+    fn wrap_cm(ctx: NonNull<sys::ibv_context>, list: Arc<CmDeviceList>) -> Result<Context> {
+        // SAFETY: `ctx` is an open context of `list`, which stays alive; `device` is set by
+        // libibverbs when the context is opened, and its name is a NUL-terminated string.
+        let name =
+            unsafe { std::ffi::CStr::from_ptr(sys::ibv_get_device_name((*ctx.as_ptr()).device)) }
+                .to_string_lossy()
+                .into_owned();
+        let attr = query_device(ctx)?;
+        debug!(device = %name, "using the RDMA CM device context");
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                ctx,
+                name,
+                attr,
+                owner: Owner::RdmaCm { _devices: list },
+            }),
+        })
+    }
+
+    /// Whether this context is librdmacm's (from [`from_cm_id`](Self::from_cm_id) or
+    /// [`rdma_cm_devices`](Self::rdma_cm_devices)) rather than opened by name.
+    pub fn is_rdma_cm(&self) -> bool {
+        matches!(self.inner.owner, Owner::RdmaCm { .. })
     }
 
     /// The device name.
@@ -338,8 +428,12 @@ fn query_device(ctx: NonNull<sys::ibv_context>) -> Result<DeviceAttr> {
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
+        if let Owner::RdmaCm { .. } = self.owner {
+            // librdmacm owns the context; dropping the list (after this) releases our hold.
+            return;
+        }
         // SAFETY: every child object holds a `Context` clone, so none is alive any more; the
-        // pointer is closed exactly once.
+        // pointer was opened by `ibv_open_device` and is closed exactly once.
         let rc = unsafe { sys::ibv_close_device(self.ctx.as_ptr()) };
         if rc != 0 {
             tracing::warn!(device = %self.name, rc, "ibv_close_device failed");
@@ -351,6 +445,7 @@ impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
             .field("name", &self.inner.name)
+            .field("rdma_cm", &self.is_rdma_cm())
             .finish_non_exhaustive()
     }
 }

@@ -25,6 +25,11 @@
 
 mod async_event;
 mod channel;
+mod cm;
+mod cm_addr;
+mod cm_device;
+mod cm_event;
+mod cm_qp;
 mod context;
 mod cq;
 mod device;
@@ -39,6 +44,12 @@ mod wr;
 
 pub use async_event::{AsyncEvent, EventElement};
 pub use channel::CompletionChannel;
+pub use cm::{
+    CmId, CmIdKey, ConnParam, EventChannel, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
+    MAX_REJECT_PRIVATE_DATA,
+};
+pub use cm_event::{CmEvent, CmEventKind, PeerConnParam, reject_reason};
+pub use cm_qp::CmQpAttr;
 pub use context::{Context, DeviceAttr, GidEntry, PortAttr};
 pub use cq::{CompletionQueue, CqId};
 pub use device::{DeviceInfo, devices};

@@ -1,0 +1,427 @@
+//! Results: percentiles, the table, JSON lines, and the SVG latency CDF.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use tokio_rdma::driver::DriverStats;
+
+use crate::args::{Test, TestConfig, mode_name};
+
+/// Differences of the driver counters over one measured run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StatsDelta {
+    pub completions: u64,
+    pub cq_events: u64,
+    pub empty_events: u64,
+    pub polls: u64,
+    pub doorbells: u64,
+    pub posted: u64,
+}
+
+impl StatsDelta {
+    pub fn between(a: &DriverStats, b: &DriverStats) -> StatsDelta {
+        StatsDelta {
+            completions: b.completions - a.completions,
+            cq_events: b.cq_events - a.cq_events,
+            empty_events: b.empty_events - a.empty_events,
+            polls: b.polls - a.polls,
+            doorbells: b.doorbells - a.doorbells,
+            posted: b.posted - a.posted,
+        }
+    }
+}
+
+/// User + system CPU time of this process so far.
+pub fn cpu_time() -> Duration {
+    // SAFETY: `ru` is a valid out-parameter of the right type.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// The device's hardware counters (rxe exposes retries, RNR NAKs, ...), if readable.
+pub fn hw_counters(device: &str, port: u8) -> Vec<(String, u64)> {
+    let dir = format!("/sys/class/infiniband/{device}/ports/{port}/hw_counters");
+    let mut v: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let val = std::fs::read_to_string(e.path())
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            Some((name, val))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+pub fn hw_delta(a: &[(String, u64)], b: &[(String, u64)]) -> Vec<(String, u64)> {
+    b.iter()
+        .filter_map(|(k, vb)| {
+            let va = a.iter().find(|(ka, _)| ka == k).map_or(0, |(_, v)| *v);
+            (vb > &va).then(|| (k.clone(), vb - va))
+        })
+        .collect()
+}
+
+/// The outcome of one size.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub size: usize,
+    /// Measured operations (all queue pairs).
+    pub ops: u64,
+    /// Latency samples in microseconds, sorted (definition: `Test::lat_definition`).
+    pub samples: Vec<f64>,
+    pub elapsed: Duration,
+    pub cpu: Duration,
+    pub peer_cpu: Option<Duration>,
+    pub stats: StatsDelta,
+    pub hw: Vec<(String, u64)>,
+}
+
+/// perftest's median (mean of the middle two for an even count).
+pub fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 0 {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    } else {
+        sorted[n / 2]
+    }
+}
+
+/// Nearest-rank percentile.
+pub fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+impl CaseResult {
+    pub fn bw_mib(&self) -> f64 {
+        (self.size as f64 * self.ops as f64) / self.elapsed.as_secs_f64() / (1u64 << 20) as f64
+    }
+    pub fn mops(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64() / 1e6
+    }
+    pub fn avg(&self) -> f64 {
+        self.samples.iter().sum::<f64>() / self.samples.len().max(1) as f64
+    }
+    fn per_op(&self, d: Duration) -> f64 {
+        d.as_secs_f64() * 1e6 / self.ops.max(1) as f64
+    }
+    fn ratio(&self, n: u64) -> f64 {
+        n as f64 / self.ops.max(1) as f64
+    }
+}
+
+pub fn header(cfg: &TestConfig, device: &str) -> String {
+    format!(
+        "# perf {}: device {device}, mode {}, inline {}, {} qp(s), depth {}, {} iterations (+{} warmup), signal_every {}, coalesce {}\n# latency: {}\n",
+        cfg.test.name(),
+        mode_name(cfg.mode),
+        cfg.inline,
+        cfg.qps,
+        cfg.depth,
+        cfg.iters,
+        cfg.warmup,
+        cfg.signal_every,
+        if cfg.coalesce { "on" } else { "off" },
+        cfg.test.lat_definition(),
+    )
+}
+
+pub fn table_head() -> String {
+    format!(
+        "{:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6}",
+        "#bytes",
+        "#iters",
+        "p50[us]",
+        "p90[us]",
+        "p99[us]",
+        "p99.9[us]",
+        "max[us]",
+        "avg[us]",
+        "BW[MiB/s]",
+        "Mop/s",
+        "cpu/op",
+        "peer/op",
+        "db/op",
+        "poll/op",
+        "ev/op"
+    )
+}
+
+pub fn table_row(r: &CaseResult) -> String {
+    let s = &r.samples;
+    format!(
+        "{:>8} {:>7} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>8.2} {:>10.2} {:>8.4} {:>8.2} {:>8} {:>6.2} {:>6.1} {:>6.2}",
+        r.size,
+        r.ops,
+        median(s),
+        pct(s, 90.0),
+        pct(s, 99.0),
+        pct(s, 99.9),
+        s.last().copied().unwrap_or(f64::NAN),
+        r.avg(),
+        r.bw_mib(),
+        r.mops(),
+        r.per_op(r.cpu),
+        r.peer_cpu
+            .map_or("-".to_string(), |c| format!("{:.2}", r.per_op(c))),
+        r.ratio(r.stats.doorbells),
+        r.ratio(r.stats.polls),
+        r.ratio(r.stats.cq_events),
+    )
+}
+
+fn jnum(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "null".into()
+    }
+}
+
+pub fn json_line(cfg: &TestConfig, device: &str, r: &CaseResult) -> String {
+    let s = &r.samples;
+    let mut o = String::from("{");
+    let _ = write!(
+        o,
+        "\"tool\":\"tokio-rdma-perf\",\"test\":\"{}\",\"device\":\"{device}\",\"size\":{},\"iters\":{},\"ops\":{},\"qps\":{},\"depth\":{},\"mode\":\"{}\",\"inline\":{},\"signal_every\":{},\"coalesce\":{},",
+        cfg.test.name(),
+        r.size,
+        cfg.iters,
+        r.ops,
+        cfg.qps,
+        cfg.depth,
+        mode_name(cfg.mode),
+        cfg.inline,
+        cfg.signal_every,
+        cfg.coalesce
+    );
+    let lat_def = match cfg.test {
+        Test::WriteLat | Test::SendLat => "half_rtt",
+        Test::ReadLat => "full_op",
+        _ => "op_under_load",
+    };
+    let _ = write!(
+        o,
+        "\"lat_def\":\"{lat_def}\",\"min_us\":{},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},\"avg_us\":{},",
+        jnum(s.first().copied().unwrap_or(f64::NAN)),
+        jnum(median(s)),
+        jnum(pct(s, 90.0)),
+        jnum(pct(s, 99.0)),
+        jnum(pct(s, 99.9)),
+        jnum(s.last().copied().unwrap_or(f64::NAN)),
+        jnum(r.avg())
+    );
+    let _ = write!(
+        o,
+        "\"elapsed_s\":{},\"bw_mib_s\":{},\"mops\":{},\"cpu_us_per_op\":{},\"peer_cpu_us_per_op\":{},",
+        jnum(r.elapsed.as_secs_f64()),
+        jnum(r.bw_mib()),
+        format_args!("{:.6}", r.mops()),
+        jnum(r.per_op(r.cpu)),
+        r.peer_cpu.map_or("null".to_string(), |c| jnum(r.per_op(c)))
+    );
+    let st = &r.stats;
+    let _ = write!(
+        o,
+        "\"driver\":{{\"completions\":{},\"cq_events\":{},\"empty_events\":{},\"polls\":{},\"doorbells\":{},\"posted\":{}}},\"hw\":{{",
+        st.completions, st.cq_events, st.empty_events, st.polls, st.doorbells, st.posted
+    );
+    let hw: Vec<String> = r.hw.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    o.push_str(&hw.join(","));
+    o.push_str("}}");
+    o
+}
+
+/// Reads latency samples: one number per line, or perftest's `-U` output (`index, usec`).
+pub fn read_samples(path: &str) -> Result<Vec<f64>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut v: Vec<f64> = text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let field = match l.split_once(',') {
+                Some((_, b)) => b.trim(),
+                None => l,
+            };
+            field.parse::<f64>().ok()
+        })
+        .collect();
+    if v.is_empty() {
+        return Err(format!("{path}: no samples"));
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v)
+}
+
+fn nice_step(range: f64, ticks: f64) -> f64 {
+    let raw = range / ticks;
+    let mag = 10f64.powf(raw.log10().floor());
+    let norm = raw / mag;
+    mag * if norm < 1.5 {
+        1.0
+    } else if norm < 3.5 {
+        2.0
+    } else if norm < 7.5 {
+        5.0
+    } else {
+        10.0
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// An SVG plot of the empirical CDFs of `series` (name, sorted samples in microseconds). The x
+/// axis ends a little past the largest p99.9, so a few extreme samples do not squash the plot.
+pub fn svg_cdf(title: &str, series: &[(String, Vec<f64>)]) -> String {
+    const W: f64 = 760.0;
+    const H: f64 = 440.0;
+    let (l, r, t, b) = (70.0, 20.0, 40.0, 60.0);
+    let (pw, ph) = (W - l - r, H - t - b);
+    let lo = series
+        .iter()
+        .filter_map(|(_, s)| s.first().copied())
+        .fold(f64::INFINITY, f64::min);
+    let hi = series
+        .iter()
+        .map(|(_, s)| pct(s, 99.9))
+        .fold(0.0f64, f64::max);
+    let step = nice_step((hi - lo).max(1e-3), 8.0);
+    let x0 = (lo / step).floor() * step;
+    let x1 = ((hi * 1.05) / step).ceil() * step;
+    let sx = |x: f64| l + (x.clamp(x0, x1) - x0) / (x1 - x0) * pw;
+    let sy = |p: f64| t + ph - p * ph;
+    let colors = [
+        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+    ];
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(o, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
+        W / 2.0,
+        esc(title)
+    );
+    // Grid and ticks.
+    let mut x = x0;
+    while x <= x1 + step / 2.0 {
+        let px = sx(x);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{px:.1}" y1="{t}" x2="{px:.1}" y2="{}" stroke="#ddd"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
+            t + ph,
+            t + ph + 16.0,
+            if step < 1.0 {
+                format!("{x:.1}")
+            } else {
+                format!("{x:.0}")
+            }
+        );
+        x += step;
+    }
+    for i in 0..=10 {
+        let p = i as f64 / 10.0;
+        let py = sy(p);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{l}" y1="{py:.1}" x2="{}" y2="{py:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}%</text>"##,
+            l + pw,
+            l - 6.0,
+            py + 4.0,
+            i * 10
+        );
+    }
+    let _ = writeln!(
+        o,
+        r##"<rect x="{l}" y="{t}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="{}" text-anchor="middle">latency [us] (axis ends past the largest p99.9)</text>"#,
+        l + pw / 2.0,
+        H - 18.0
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="16" y="{}" text-anchor="middle" transform="rotate(-90 16 {})">samples at or below</text>"#,
+        t + ph / 2.0,
+        t + ph / 2.0
+    );
+    for (i, (name, s)) in series.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        let n = s.len();
+        let stride = (n / 1500).max(1);
+        let mut pts = String::new();
+        let mut prev_p = 0.0;
+        for (j, &v) in s.iter().enumerate() {
+            if j % stride != 0 && j + 1 != n {
+                continue;
+            }
+            let p = (j + 1) as f64 / n as f64;
+            let _ = write!(
+                pts,
+                "{:.1},{:.1} {:.1},{:.1} ",
+                sx(v),
+                sy(prev_p),
+                sx(v),
+                sy(p)
+            );
+            prev_p = p;
+        }
+        let _ = writeln!(
+            o,
+            r#"<polyline fill="none" stroke="{c}" stroke-width="1.8" points="{pts}"/>"#
+        );
+        let ly = t + 16.0 + i as f64 * 18.0;
+        let _ = writeln!(
+            o,
+            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="3"/><text x="{}" y="{}">{} (p50 {:.1}, p99 {:.1} us, n={n})</text>"#,
+            l + pw - 330.0,
+            l + pw - 305.0,
+            l + pw - 298.0,
+            ly + 4.0,
+            esc(name),
+            median(s),
+            pct(s, 99.0)
+        );
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let v: Vec<f64> = (1..=1000).map(f64::from).collect();
+        assert_eq!(median(&v), 500.5);
+        assert_eq!(pct(&v, 99.0), 990.0);
+        assert_eq!(pct(&v, 99.9), 999.0);
+        assert_eq!(pct(&v, 100.0), 1000.0);
+    }
+}

@@ -1,0 +1,335 @@
+//! The measured loops, client and server side of each test.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio_rdma::buf::IoBuf;
+use tokio_rdma::driver::AsyncQp;
+use tokio_rdma::ops::RecvInfo;
+use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
+
+use crate::args::{Test, TestConfig};
+use crate::report::{CaseResult, StatsDelta, cpu_time, hw_counters, hw_delta};
+use crate::setup::{Chunk, Ctrl, Res, Side, chunks};
+
+/// Registered bytes a bandwidth test may use for distinct slots per queue pair.
+const SLOT_BYTES: usize = 64 << 20;
+
+/// Yields to the scheduler once by waking itself (no I/O-driver poll, unlike
+/// `tokio::task::yield_now`), so the completion task runs between two polls of memory.
+struct SelfYield(bool);
+
+impl Future for SelfYield {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// The iteration marker written into the last byte of a write_lat message (never 0).
+fn marker(k: usize) -> u8 {
+    (k % 255) as u8 + 1
+}
+
+/// Spins (yielding) until the last byte polled in `buf` at `off` is `want`.
+async fn wait_byte(buf: &RegisteredBuffer, off: usize, want: u8) {
+    let mut b = [0u8; 1];
+    loop {
+        buf.read_at(off, &mut b);
+        if b[0] == want {
+            return;
+        }
+        SelfYield(false).await;
+    }
+}
+
+fn reset_byte(buf: &RegisteredBuffer, off: usize) {
+    buf.write_at(off, &[0]);
+}
+
+fn local_buf(side: &Side, len: usize) -> Res<RegisteredBuffer> {
+    let mut b = RegisteredBuffer::new(&side.pd, len.max(1), AccessFlags::LOCAL_WRITE)?;
+    b.as_mut_slice().expect("local").fill(0x5a);
+    Ok(b)
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Client side of one size: returns the result (peer CPU filled in by the caller).
+pub async fn client_case(
+    ctrl: &mut Ctrl,
+    side: &Side,
+    cfg: &TestConfig,
+    size: usize,
+) -> Res<CaseResult> {
+    let total = cfg.warmup + cfg.iters;
+    if cfg.test == Test::WriteLat {
+        reset_byte(&side.exposed[0], size - 1);
+    }
+    ctrl.send(&format!("run {size}")).await?;
+    ctrl.expect("ready").await?;
+    let mut samples = Vec::with_capacity(cfg.iters * cfg.qps);
+    let (mut stats0, mut cpu0, mut hw0, mut t0) = (
+        side.driver.stats(),
+        cpu_time(),
+        hw_counters(&side.device, side.port),
+        Instant::now(),
+    );
+    let mut mark = |k: usize| {
+        if k == cfg.warmup {
+            stats0 = side.driver.stats();
+            cpu0 = cpu_time();
+            hw0 = hw_counters(&side.device, side.port);
+            t0 = Instant::now();
+        }
+    };
+    let qp = &side.qps[0];
+    let ops;
+    match cfg.test {
+        Test::WriteLat => {
+            let mut src = local_buf(side, size)?;
+            let remote = side.remote[0].slice(0..size as u64)?;
+            for k in 0..total {
+                mark(k);
+                let m = marker(k);
+                src.as_mut_slice().expect("local")[size - 1] = m;
+                let t = Instant::now();
+                let ((res, s), ()) = tokio::join!(
+                    qp.write(src.slice(0..size), remote),
+                    wait_byte(&side.exposed[0], size - 1, m)
+                );
+                let rtt = t.elapsed();
+                res?;
+                src = s.into_inner();
+                if k >= cfg.warmup {
+                    samples.push(us(rtt) / 2.0);
+                }
+            }
+            ops = cfg.iters as u64;
+        }
+        Test::SendLat => {
+            let mut src = local_buf(side, size)?;
+            let rx = local_buf(side, size)?;
+            let mut recv = Box::pin(qp.recv(rx));
+            let _ = futures::poll!(&mut recv);
+            for k in 0..total {
+                mark(k);
+                let t = Instant::now();
+                let ((rres, rx), (sres, s)) = tokio::join!(&mut recv, qp.send(src.slice(0..size)));
+                let rtt = t.elapsed();
+                sres?;
+                let info = rres?;
+                if info.len != size {
+                    return Err(format!("pong of {} bytes, expected {size}", info.len).into());
+                }
+                src = s.into_inner();
+                if k + 1 < total {
+                    // The next pong's receive is posted before the next ping is sent.
+                    recv = Box::pin(qp.recv(rx));
+                    let _ = futures::poll!(&mut recv);
+                }
+                if k >= cfg.warmup {
+                    samples.push(us(rtt) / 2.0);
+                }
+            }
+            ops = cfg.iters as u64;
+        }
+        Test::ReadLat => {
+            let mut dst = local_buf(side, size)?;
+            let remote = side.remote[0].slice(0..size as u64)?;
+            for k in 0..total {
+                mark(k);
+                let t = Instant::now();
+                let (res, d) = qp.read(dst.slice(0..size), remote).await;
+                let took = t.elapsed();
+                res?;
+                dst = d.into_inner();
+                if k >= cfg.warmup {
+                    samples.push(us(took));
+                }
+            }
+            ops = cfg.iters as u64;
+        }
+        Test::WriteBw | Test::SendBw | Test::ReadBw => {
+            if cfg.warmup > 0 {
+                bw_loop(side, cfg, size, cfg.warmup, &mut Vec::new()).await?;
+            }
+            mark(cfg.warmup);
+            bw_loop(side, cfg, size, cfg.iters, &mut samples).await?;
+            ops = (cfg.iters * cfg.qps) as u64;
+        }
+    }
+    let elapsed = t0.elapsed();
+    let cpu = cpu_time() - cpu0;
+    let stats = StatsDelta::between(&stats0, &side.driver.stats());
+    let hw = hw_delta(&hw0, &hw_counters(&side.device, side.port));
+    ctrl.send("done").await?;
+    let peer = ctrl.expect("stats").await?;
+    let peer_cpu = peer
+        .strip_prefix("cpu_ns=")
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_nanos);
+    samples.sort_by(f64::total_cmp);
+    Ok(CaseResult {
+        size,
+        ops,
+        samples,
+        elapsed,
+        cpu,
+        peer_cpu,
+        stats,
+        hw,
+    })
+}
+
+/// Keeps `cfg.depth` operations in flight on every queue pair until each has done `iters`;
+/// pushes each operation's post-to-completion time (us) into `samples`.
+async fn bw_loop(
+    side: &Side,
+    cfg: &TestConfig,
+    size: usize,
+    iters: usize,
+    samples: &mut Vec<f64>,
+) -> Res<()> {
+    let mut inflight = FuturesUnordered::new();
+    let mut left = vec![iters; cfg.qps];
+    let start = |q: usize, c: Chunk| {
+        let qp = &side.qps[q];
+        let remote = side.remote[q];
+        let test = cfg.test;
+        async move {
+            let t = Instant::now();
+            let (res, c) = match test {
+                Test::WriteBw => {
+                    let r = remote.slice(0..size as u64).expect("token covers the size");
+                    qp.write(c, r).await
+                }
+                Test::ReadBw => {
+                    let r = remote.slice(0..size as u64).expect("token covers the size");
+                    qp.read(c, r).await
+                }
+                _ => qp.send(c).await,
+            };
+            (q, t.elapsed(), res, c)
+        }
+    };
+    for (q, left) in left.iter_mut().enumerate() {
+        let n = cfg.depth.min(*left);
+        for c in chunks(&side.pd, size, n, SLOT_BYTES / cfg.qps)? {
+            inflight.push(start(q, c));
+        }
+        *left -= n;
+    }
+    while let Some((q, took, res, c)) = inflight.next().await {
+        res?;
+        samples.push(us(took));
+        if left[q] > 0 {
+            left[q] -= 1;
+            inflight.push(start(q, c));
+        }
+    }
+    Ok(())
+}
+
+type RecvOut = (usize, (tokio_rdma::Result<RecvInfo>, Chunk));
+
+async fn recv_one(q: usize, qp: &AsyncQp, c: Chunk) -> RecvOut {
+    (q, qp.recv(c).await)
+}
+
+/// Server side of one size (after `run SIZE`): prepares, says `ready`, plays its part, waits
+/// for `done`, and answers with its CPU time.
+pub async fn server_case(ctrl: &mut Ctrl, side: &Side, cfg: &TestConfig, size: usize) -> Res<()> {
+    let total = cfg.warmup + cfg.iters;
+    let qp = &side.qps[0];
+    let cpu0 = cpu_time();
+    match cfg.test {
+        Test::WriteLat => {
+            reset_byte(&side.exposed[0], size - 1);
+            let mut src = local_buf(side, size)?;
+            let remote = side.remote[0].slice(0..size as u64)?;
+            ctrl.send("ready").await?;
+            for k in 0..total {
+                let m = marker(k);
+                wait_byte(&side.exposed[0], size - 1, m).await;
+                src.as_mut_slice().expect("local")[size - 1] = m;
+                let (res, s) = qp.write(src.slice(0..size), remote).await;
+                res?;
+                src = s.into_inner();
+            }
+        }
+        Test::SendLat => {
+            let mut src = local_buf(side, size)?;
+            let rx = local_buf(side, size)?;
+            let mut recv = Box::pin(qp.recv(rx));
+            let _ = futures::poll!(&mut recv);
+            let _ = futures::poll!(&mut recv);
+            ctrl.send("ready").await?;
+            for k in 0..total {
+                let (res, rx) = (&mut recv).await;
+                res?;
+                if k + 1 < total {
+                    // Post the next ping's receive before answering this one.
+                    recv = Box::pin(qp.recv(rx));
+                    let _ = futures::poll!(&mut recv);
+                }
+                let (res, s) = qp.send(src.slice(0..size)).await;
+                res?;
+                src = s.into_inner();
+            }
+        }
+        Test::SendBw => {
+            let mut inflight = FuturesUnordered::new();
+            let per_qp = total; // warmup and measured sends both arrive here
+            let mut posted = vec![0usize; cfg.qps];
+            let mut need = per_qp * cfg.qps;
+            for (q, qp) in side.qps.iter().enumerate() {
+                let n = cfg.rx_depth.min(per_qp);
+                for c in chunks(&side.pd, size, n, SLOT_BYTES / cfg.qps)? {
+                    let mut f = Box::pin(recv_one(q, qp, c));
+                    // Two polls: the first queues the receive, the second posts it (coalesce).
+                    let _ = futures::poll!(&mut f);
+                    let _ = futures::poll!(&mut f);
+                    inflight.push(f);
+                }
+                posted[q] = n;
+            }
+            // Let the queued receives reach the device before the client starts sending.
+            for _ in 0..4 {
+                let _ = futures::poll!(inflight.next());
+            }
+            ctrl.send("ready").await?;
+            while need > 0 {
+                let Some((q, (res, c))) = inflight.next().await else {
+                    break;
+                };
+                res?;
+                need -= 1;
+                if posted[q] < per_qp {
+                    posted[q] += 1;
+                    let qp = &side.qps[q];
+                    inflight.push(Box::pin(recv_one(q, qp, c)));
+                }
+            }
+        }
+        Test::ReadLat | Test::WriteBw | Test::ReadBw => {
+            ctrl.send("ready").await?;
+        }
+    }
+    ctrl.expect("done").await?;
+    let cpu = cpu_time() - cpu0;
+    ctrl.send(&format!("stats cpu_ns={}", cpu.as_nanos()))
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,437 @@
+//! [`Connection`]: an RC connection set up through RDMA CM, with messages under credit flow
+//! control and one-sided operations.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{Mutex as AsyncMutex, mpsc};
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::cm_async::AsyncChannel;
+use super::engine::{ConnStats, Engine};
+use super::handshake::{self, Negotiated, Params};
+use super::options::ConnectOptions;
+use super::receiver::{self, Delivery};
+use super::registry;
+use super::stream::RdmaStream;
+use crate::buf::{IoBufMut, Pool, PoolConfig, RemoteToken, SizeClass};
+use crate::driver::{AsyncQp, Driver, QpOptions};
+use crate::error::{Error, QpFailure, Result};
+use crate::ops::{CompareSwap, FetchAdd, Read, SgSource, SgTarget, Write};
+use crate::verbs::{CmEventKind, CmId, Context, EventChannel, ProtectionDomain, QpCaps};
+
+/// An established RDMA connection.
+///
+/// * Messages: [`send`](Self::send) / [`recv`](Self::recv), with credit-based flow control (a
+///   sender never sends without a receive posted at the peer, so the device never sees an RNR
+///   NAK). Messages larger than the peer's receive buffers are split into chunks and
+///   reassembled; a single-chunk message is received without copying.
+/// * One-sided I/O: [`write`](Self::write), [`read`](Self::read) and atomics against
+///   [`RemoteToken`]s the peer granted (exchange them with messages).
+/// * A byte stream: [`into_stream`](Self::into_stream) gives an `AsyncRead + AsyncWrite`.
+/// * [`close`](Self::close) ends the stream cleanly (the peer's `recv` returns `Ok(None)`) and
+///   drains; dropping the connection does the same in the background.
+///
+/// # Examples
+///
+/// ```no_run
+/// use tokio_rdma::conn::Connection;
+///
+/// # async fn demo() -> tokio_rdma::Result<()> {
+/// let conn = Connection::connect("192.0.2.1:7471".parse().unwrap()).await?;
+/// conn.send(b"hello").await?;
+/// if let Some(reply) = conn.recv().await? {
+///     println!("got {} bytes", reply.len());
+/// }
+/// conn.close().await?;
+/// # Ok(()) }
+/// ```
+pub struct Connection {
+    engine: Arc<Engine>,
+    rx: AsyncMutex<mpsc::UnboundedReceiver<Delivery>>,
+    id: Arc<CmId>,
+    peer: Option<SocketAddr>,
+    closed: std::sync::atomic::AtomicBool,
+    span: tracing::Span,
+}
+
+/// How the last step of the setup goes.
+pub(crate) enum Step {
+    /// The active side got `CONNECT_RESPONSE`: RTR, RTS, establish.
+    Active,
+    /// The passive side accepts with its handshake, waits for `ESTABLISHED`, then RTS.
+    Passive {
+        accept_data: Vec<u8>,
+        request: crate::verbs::PeerConnParam,
+    },
+}
+
+/// Everything set up before the handshake completes.
+pub(crate) struct Prepared {
+    pub(crate) qp: AsyncQp,
+    pub(crate) pool: Pool,
+}
+
+impl Connection {
+    /// Connects to a listener at `addr` with default options.
+    ///
+    /// # Errors
+    ///
+    /// Resolution or connection errors ([`Error::ConnectionRejected`] with the peer's reason,
+    /// [`Error::CmEventFailed`] for an unreachable peer, [`Error::Timeout`]), handshake errors
+    /// ([`Error::Handshake`]), or verb errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the attempt; the half-made connection is torn down.
+    pub async fn connect(addr: SocketAddr) -> Result<Connection> {
+        Connection::connect_with(addr, ConnectOptions::default()).await
+    }
+
+    /// Connects to `addr` with `opts`.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(addr: SocketAddr, opts: ConnectOptions) -> Result<Connection> {
+        let span = info_span!("conn", peer = %addr, side = "client");
+        let timeout = opts.connect_timeout;
+        match tokio::time::timeout(
+            timeout,
+            connect_inner(addr, opts, span.clone()).instrument(span),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                what: "connection setup",
+                after: timeout,
+            }),
+        }
+    }
+
+    pub(crate) async fn finish(
+        prepared: Prepared,
+        negotiated: Negotiated,
+        id: Arc<CmId>,
+        events: AsyncChannel,
+        opts: &ConnectOptions,
+        span: tracing::Span,
+        step: Step,
+    ) -> Result<Connection> {
+        let qp = prepared.qp.verbs().clone();
+        let engine = Arc::new(Engine::new(prepared.qp, prepared.pool, negotiated));
+        // Receives are posted before the peer learns our credits (before accept/establish).
+        let rx = receiver::start(engine.clone(), opts.keepalive, span.clone()).await?;
+        match step {
+            Step::Active => id.finish_connect(&qp)?,
+            Step::Passive {
+                accept_data,
+                request,
+            } => {
+                let param = crate::verbs::ConnParam::new(&qp)
+                    .answering(&request)
+                    .private_data(&accept_data);
+                id.accept(&param)?;
+                events
+                    .expect(CmEventKind::Established, opts.connect_timeout)
+                    .await?;
+                id.modify_qp(&qp, crate::verbs::QpState::Rts)?;
+            }
+        }
+        let peer = id.peer_addr();
+        tokio::spawn(watch_cm(events, engine.clone(), id.clone()).instrument(span.clone()));
+        span.in_scope(|| debug!(?negotiated, "connection established"));
+        Ok(Connection {
+            engine,
+            rx: AsyncMutex::new(rx),
+            id,
+            peer,
+            closed: std::sync::atomic::AtomicBool::new(false),
+            span,
+        })
+    }
+
+    /// Sends one message (copied into registered buffers; larger messages are chunked).
+    /// Waits for credits and buffers (backpressure), and for the message's completion.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if it exceeds the negotiated message size; the connection's
+    /// failure ([`Error::QpFailed`]) if it failed or was closed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped midway, part of a chunked message may have been sent, and the
+    /// peer would then see a protocol error at the next message. Drop the connection instead.
+    pub async fn send(&self, msg: &[u8]) -> Result<()> {
+        self.engine.send_message(msg).await
+    }
+
+    /// Receives the next message. `Ok(None)` means the peer closed its side cleanly.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure, or [`Error::Protocol`] if the peer broke the protocol.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a message is only taken when this returns it.
+    pub async fn recv(&self) -> Result<Option<Bytes>> {
+        let mut rx = self.rx.lock().await;
+        match rx.recv().await {
+            Some(Ok(m)) => Ok(Some(m)),
+            Some(Err(e)) => Err(e),
+            None => match self.engine.failure() {
+                Some(e) if !self.engine.state().peer_closed => Err(e),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// Writes `buf` (registered memory) into the peer's memory at `remote`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`AsyncQp::write`].
+    pub fn write<B: SgSource>(&self, buf: B, remote: RemoteToken) -> Write<B> {
+        self.engine.qp.write(buf, remote)
+    }
+
+    /// Reads the peer's memory at `remote` into `buf`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`AsyncQp::read`].
+    pub fn read<B: SgTarget>(&self, buf: B, remote: RemoteToken) -> Read<B> {
+        self.engine.qp.read(buf, remote)
+    }
+
+    /// Atomic compare-and-swap on the peer's 8-byte value at `remote`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`AsyncQp::compare_swap`].
+    pub fn compare_swap<B: IoBufMut>(
+        &self,
+        buf: B,
+        remote: RemoteToken,
+        compare: u64,
+        swap: u64,
+    ) -> CompareSwap<B> {
+        self.engine.qp.compare_swap(buf, remote, compare, swap)
+    }
+
+    /// Atomic fetch-and-add on the peer's 8-byte value at `remote`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`AsyncQp::fetch_add`].
+    pub fn fetch_add<B: IoBufMut>(&self, buf: B, remote: RemoteToken, add: u64) -> FetchAdd<B> {
+        self.engine.qp.fetch_add(buf, remote, add)
+    }
+
+    /// The registered buffer pool of this connection (for zero-copy one-sided buffers).
+    pub fn pool(&self) -> &Pool {
+        &self.engine.pool
+    }
+
+    /// The negotiated parameters.
+    pub fn params(&self) -> &Negotiated {
+        &self.engine.params
+    }
+
+    /// Counters of this connection.
+    pub fn stats(&self) -> ConnStats {
+        self.engine.stats()
+    }
+
+    /// The queue pair (for its driver's statistics and one-sided operations on other buffers).
+    pub fn qp(&self) -> &AsyncQp {
+        &self.engine.qp
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// Turns the connection into a byte stream (`AsyncRead + AsyncWrite`), for codecs.
+    pub fn into_stream(self) -> RdmaStream {
+        RdmaStream::new(self)
+    }
+
+    /// Closes the connection: sends end-of-stream (the peer's [`recv`](Self::recv) returns
+    /// `Ok(None)` after the messages already sent), disconnects, and waits until every
+    /// outstanding operation has resolved.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure if it had already failed (it is closed anyway).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in the sense that the connection ends up closed by `Drop` either way.
+    pub async fn close(&self) -> Result<()> {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        let res = close_engine(&self.engine, &self.id)
+            .instrument(self.span.clone())
+            .await;
+        self.engine.qp.close().await?;
+        res
+    }
+}
+
+async fn close_engine(engine: &Arc<Engine>, id: &CmId) -> Result<()> {
+    let sent = tokio::time::timeout(std::time::Duration::from_secs(10), engine.send_close()).await;
+    if let Err(e) = id.disconnect() {
+        debug!(error = %e, "rdma_disconnect");
+    }
+    engine.fail(QpFailure::Closed);
+    match sent {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            what: "sending end-of-stream",
+            after: std::time::Duration::from_secs(10),
+        }),
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let (engine, id) = (self.engine.clone(), self.id.clone());
+        let span = self.span.clone();
+        // Close in the background; never block the executor here.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(
+                async move {
+                    if let Err(e) = close_engine(&engine, &id).await {
+                        debug!(error = %e, "background close");
+                    }
+                }
+                .instrument(span),
+            );
+        } else {
+            self.engine.fail(QpFailure::Closed);
+            let _ = self.id.disconnect();
+        }
+    }
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.peer)
+            .field("qpn", &self.engine.qp.qpn())
+            .field("params", &self.engine.params)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Watches the connection's CM events: a `DISCONNECTED` fails the connection (every pending
+/// and later operation resolves with [`QpFailure::Disconnected`] unless it closed first).
+async fn watch_cm(events: AsyncChannel, engine: Arc<Engine>, id: Arc<CmId>) {
+    loop {
+        match events.next().await {
+            Ok(ev) => match ev.kind() {
+                CmEventKind::Disconnected => {
+                    debug!("peer disconnected");
+                    let _ = id.disconnect();
+                    engine.fail(QpFailure::Disconnected);
+                }
+                CmEventKind::TimewaitExit => return,
+                CmEventKind::DeviceRemoval => {
+                    warn!("device removed");
+                    engine.fail(QpFailure::AsyncEvent("RDMA_CM_EVENT_DEVICE_REMOVAL"));
+                    return;
+                }
+                other => debug!(event = %other, "CM event"),
+            },
+            Err(e) => {
+                warn!(error = %e, "CM event channel");
+                return;
+            }
+        }
+        if std::sync::Arc::strong_count(&engine) == 1 {
+            return;
+        }
+    }
+}
+
+/// Creates the queue pair (in INIT) and the connection's pool on the id's device.
+pub(crate) fn prepare(
+    id: &CmId,
+    opts: &ConnectOptions,
+) -> Result<(Prepared, ProtectionDomain, Driver)> {
+    let ctx = Context::from_cm_id(id)?;
+    let (driver, pd) = registry::driver_for(&ctx, &opts.driver_options())?;
+    let p = &opts.params;
+    let caps = QpCaps {
+        max_send_wr: opts.send_queue_depth.max(2),
+        max_recv_wr: p.recv_credits + 1,
+        max_send_sge: 2,
+        max_recv_sge: 1,
+        max_inline_data: p.max_inline,
+    };
+    let qopts = QpOptions {
+        caps,
+        signal_every: 1,
+        ..QpOptions::default()
+    };
+    let qp = driver.create_qp(&pd, qopts)?;
+    id.modify_qp(qp.verbs(), crate::verbs::QpState::Init)?;
+    // Receive buffers (posted plus as many again held by the application) and send staging
+    // buffers of the same size: registered once, here, never on the data path.
+    let count = (p.recv_credits as usize) * 2 + opts.send_queue_depth as usize;
+    let pool = Pool::with_pd(
+        &pd,
+        PoolConfig::default().classes([SizeClass::new(p.recv_buf_size as usize, count)]),
+    )?;
+    Ok((Prepared { qp, pool }, pd, driver))
+}
+
+async fn connect_inner(
+    addr: SocketAddr,
+    opts: ConnectOptions,
+    span: tracing::Span,
+) -> Result<Connection> {
+    let channel = AsyncChannel::new(EventChannel::new()?)?;
+    let id = Arc::new(channel.channel().create_id()?);
+    let ms = u32::try_from(opts.connect_timeout.as_millis())
+        .unwrap_or(u32::MAX)
+        .max(1000);
+    id.resolve_addr(None, addr, ms)?;
+    channel
+        .expect(CmEventKind::AddrResolved, opts.connect_timeout)
+        .await?;
+    id.resolve_route(ms)?;
+    channel
+        .expect(CmEventKind::RouteResolved, opts.connect_timeout)
+        .await?;
+    let (prepared, _pd, _driver) = prepare(&id, &opts)?;
+    let local: Params = opts.params;
+    let hs = local.encode()?;
+    let param = crate::verbs::ConnParam::new(prepared.qp.verbs()).private_data(&hs);
+    id.connect(&param)?;
+    let ev = channel.next().await?;
+    let ev = ev.expect(CmEventKind::ConnectResponse)?;
+    let remote = match Params::decode(ev.private_data()) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = id.disconnect();
+            return Err(e.into());
+        }
+    };
+    let negotiated = handshake::negotiate(&local, &remote)?;
+    Connection::finish(prepared, negotiated, id, channel, &opts, span, Step::Active).await
+}

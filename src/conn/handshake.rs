@@ -1,0 +1,825 @@
+//! The connection handshake: the parameters each side announces in the RDMA CM private data of
+//! `rdma_connect` (client) and `rdma_accept` (server), their wire encoding, validation, and
+//! [`negotiate`].
+//!
+//! Pure logic: no FFI, no I/O, no `unsafe`. Malformed input gets a typed error naming the
+//! offending field before any queue pair is used for data.
+//!
+//! # Wire format (version 1)
+//!
+//! 28 bytes, big endian, well under the 56 bytes of private data an RC connect request carries
+//! on InfiniBand and RoCE (the accept reply allows 196):
+//!
+//! | offset | size | field                                                           |
+//! |-------:|-----:|-----------------------------------------------------------------|
+//! | 0      | 4    | magic `b"TRDM"`                                                 |
+//! | 4      | 1    | version (1)                                                     |
+//! | 5      | 1    | encoded length (28; a compatible revision may append fields)    |
+//! | 6      | 2    | flags ([`Flags`])                                               |
+//! | 8      | 4    | receive credits: receive buffers posted for the peer            |
+//! | 12     | 4    | receive buffer size: the largest message one receive takes      |
+//! | 16     | 4    | max inline: the largest payload this side sends inline          |
+//! | 20     | 8    | max message size: the largest message this side accepts in total |
+//!
+//! The transport pads private data with zeros (an InfiniBand connect request always delivers
+//! 56 bytes, an accept reply 196): bytes after the encoded length are ignored.
+//!
+//! # Examples
+//!
+//! ```
+//! use tokio_rdma::conn::handshake::{negotiate, Params};
+//!
+//! let client = Params { recv_credits: 32, ..Params::default() };
+//! let wire = client.encode()?;
+//! // What the server's CONNECT_REQUEST event carries: the bytes, zero-padded to 56.
+//! let mut private_data = wire.to_vec();
+//! private_data.resize(56, 0);
+//! let seen = Params::decode(&private_data)?;
+//! assert_eq!(seen, client);
+//! let server = Params::default();
+//! let eff = negotiate(&server, &seen)?;
+//! assert_eq!(eff.send_credits, 32);
+//! # Ok::<(), tokio_rdma::conn::handshake::HandshakeError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::ops::BitOr;
+
+/// The first four bytes of every handshake.
+pub const MAGIC: [u8; 4] = *b"TRDM";
+/// The handshake version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Length of the version-1 encoding.
+pub const ENCODED_LEN: usize = 28;
+/// Private data an RC connect request carries on InfiniBand/RoCE (`rdma_connect(3)`); the
+/// encoding must fit.
+pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
+/// Largest number of receive credits a side may announce.
+pub const MAX_CREDITS: u32 = 65_535;
+/// Smallest receive buffer size a side may announce.
+pub const MIN_RECV_BUF_SIZE: u32 = 64;
+/// Largest receive buffer size a side may announce (16 MiB).
+pub const MAX_RECV_BUF_SIZE: u32 = 16 << 20;
+/// Largest inline size a side may announce (no device inlines anywhere near this).
+pub const MAX_INLINE_LIMIT: u32 = 64 << 10;
+/// Largest total message size a side may announce (1 TiB).
+pub const MAX_MESSAGE_LIMIT: u64 = 1 << 40;
+
+const _: () = assert!(ENCODED_LEN <= MAX_CONNECT_PRIVATE_DATA);
+
+/// Capability and requirement bits of a handshake.
+///
+/// `ONE_SIDED` / `ATOMICS` say what this side offers: it grants the peer remote memory for
+/// RDMA READ/WRITE, or for atomics. The `REQUIRE_*` bits say what this side needs the peer to
+/// offer; [`negotiate`] fails if the peer does not. Unknown bits are rejected on decode.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Flags(u16);
+
+impl Flags {
+    /// No capabilities, no requirements.
+    pub const NONE: Flags = Flags(0);
+    /// This side grants remote memory for RDMA READ/WRITE.
+    pub const ONE_SIDED: Flags = Flags(1 << 0);
+    /// This side grants remote memory for atomics.
+    pub const ATOMICS: Flags = Flags(1 << 1);
+    /// This side needs the peer to offer [`ONE_SIDED`](Self::ONE_SIDED).
+    pub const REQUIRE_ONE_SIDED: Flags = Flags(1 << 8);
+    /// This side needs the peer to offer [`ATOMICS`](Self::ATOMICS).
+    pub const REQUIRE_ATOMICS: Flags = Flags(1 << 9);
+    /// Every bit version 1 defines.
+    pub const KNOWN: Flags = Flags(0x0303);
+
+    /// The raw bits.
+    pub const fn bits(self) -> u16 {
+        self.0
+    }
+
+    /// The flags for `bits`, or `None` if an unknown bit is set.
+    pub const fn from_bits(bits: u16) -> Option<Flags> {
+        if bits & !Self::KNOWN.0 == 0 {
+            Some(Flags(bits))
+        } else {
+            None
+        }
+    }
+
+    /// Whether every bit of `other` is set in `self`.
+    pub const fn contains(self, other: Flags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for Flags {
+    type Output = Flags;
+    fn bitor(self, rhs: Flags) -> Flags {
+        Flags(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for Flags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Flags::ONE_SIDED, "ONE_SIDED"),
+            (Flags::ATOMICS, "ATOMICS"),
+            (Flags::REQUIRE_ONE_SIDED, "REQUIRE_ONE_SIDED"),
+            (Flags::REQUIRE_ATOMICS, "REQUIRE_ATOMICS"),
+        ];
+        let mut first = true;
+        for (flag, name) in names {
+            if self.contains(flag) {
+                f.write_str(if first { "" } else { " | " })?;
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        let unknown = self.0 & !Flags::KNOWN.0;
+        if unknown != 0 {
+            write!(f, "{}{unknown:#06x}", if first { "" } else { " | " })?;
+            first = false;
+        }
+        if first {
+            f.write_str("NONE")?;
+        }
+        Ok(())
+    }
+}
+
+/// The parameters one side announces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Params {
+    /// Capabilities and requirements.
+    pub flags: Flags,
+    /// Receive buffers this side keeps posted for the peer: the peer may have this many sends
+    /// in flight (1..=[`MAX_CREDITS`]).
+    pub recv_credits: u32,
+    /// Size of each posted receive buffer: the largest message the peer may send in one SEND
+    /// ([`MIN_RECV_BUF_SIZE`]..=[`MAX_RECV_BUF_SIZE`]).
+    pub recv_buf_size: u32,
+    /// The largest payload this side sends inline (0..=[`MAX_INLINE_LIMIT`]).
+    pub max_inline: u32,
+    /// The largest message this side accepts in total, e.g. through one-sided transfers
+    /// (`recv_buf_size..=`[`MAX_MESSAGE_LIMIT`]).
+    pub max_message_size: u64,
+}
+
+impl Default for Params {
+    /// 64 credits of 4 KiB receive buffers, 64 bytes inline, messages up to 1 MiB, one-sided
+    /// access offered.
+    fn default() -> Params {
+        Params {
+            flags: Flags::ONE_SIDED,
+            recv_credits: 64,
+            recv_buf_size: 4096,
+            max_inline: 64,
+            max_message_size: 1 << 20,
+        }
+    }
+}
+
+/// A field of the handshake, as named in errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Field {
+    /// The encoded-length byte.
+    EncodedLen,
+    /// [`Params::flags`].
+    Flags,
+    /// [`Params::recv_credits`].
+    RecvCredits,
+    /// [`Params::recv_buf_size`].
+    RecvBufSize,
+    /// [`Params::max_inline`].
+    MaxInline,
+    /// [`Params::max_message_size`].
+    MaxMessageSize,
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Field::EncodedLen => "encoded_len",
+            Field::Flags => "flags",
+            Field::RecvCredits => "recv_credits",
+            Field::RecvBufSize => "recv_buf_size",
+            Field::MaxInline => "max_inline",
+            Field::MaxMessageSize => "max_message_size",
+        })
+    }
+}
+
+/// Which side of a negotiation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// This side.
+    Local,
+    /// The peer.
+    Remote,
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Side::Local => "this side",
+            Side::Remote => "the peer",
+        })
+    }
+}
+
+/// A capability one side may require of the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Feature {
+    /// RDMA READ/WRITE into granted memory.
+    OneSided,
+    /// Remote atomics.
+    Atomics,
+}
+
+impl fmt::Display for Feature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Feature::OneSided => "one-sided access (RDMA READ/WRITE)",
+            Feature::Atomics => "remote atomics",
+        })
+    }
+}
+
+/// Why a handshake was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandshakeError {
+    /// The private data is empty or all zeros: the peer sent no handshake.
+    #[error("no handshake: the peer sent no private data")]
+    Missing,
+    /// The input ends before the encoded length.
+    #[error("truncated: {got} bytes, need {needed}")]
+    Truncated {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes present.
+        got: usize,
+    },
+    /// The magic is wrong: the peer does not speak this protocol.
+    #[error("bad magic {found:02x?} (expected {MAGIC:02x?} \"TRDM\"): not a tokio-rdma peer")]
+    BadMagic {
+        /// The first four bytes received.
+        found: [u8; 4],
+    },
+    /// The version is not one this side speaks.
+    #[error("unsupported version {found} (this side speaks version {supported})")]
+    UnsupportedVersion {
+        /// The version received.
+        found: u8,
+        /// The version this side speaks.
+        supported: u8,
+    },
+    /// A field holds an invalid value.
+    #[error("invalid {field}: {value} ({reason})")]
+    InvalidField {
+        /// The offending field.
+        field: Field,
+        /// Its value.
+        value: u64,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Both sides are well-formed but cannot talk to each other.
+    #[error(
+        "incompatible peer: {required_by} requires {feature}, which the other side does not offer"
+    )]
+    Incompatible {
+        /// The side that requires the feature.
+        required_by: Side,
+        /// The feature.
+        feature: Feature,
+    },
+}
+
+fn invalid(field: Field, value: u64, reason: &'static str) -> HandshakeError {
+    HandshakeError::InvalidField {
+        field,
+        value,
+        reason,
+    }
+}
+
+impl Params {
+    /// Checks every field against its bounds.
+    ///
+    /// # Errors
+    ///
+    /// [`HandshakeError::InvalidField`] naming the first offending field.
+    pub fn validate(&self) -> Result<(), HandshakeError> {
+        let flags = self.flags.bits();
+        if Flags::from_bits(flags).is_none() {
+            return Err(invalid(
+                Field::Flags,
+                u64::from(flags),
+                "unknown flag bits set",
+            ));
+        }
+        let credits = u64::from(self.recv_credits);
+        if self.recv_credits == 0 {
+            return Err(invalid(
+                Field::RecvCredits,
+                credits,
+                "zero credits: the peer could never send",
+            ));
+        }
+        if self.recv_credits > MAX_CREDITS {
+            return Err(invalid(Field::RecvCredits, credits, "more than 65535"));
+        }
+        let size = u64::from(self.recv_buf_size);
+        if self.recv_buf_size < MIN_RECV_BUF_SIZE {
+            return Err(invalid(Field::RecvBufSize, size, "smaller than 64 bytes"));
+        }
+        if self.recv_buf_size > MAX_RECV_BUF_SIZE {
+            return Err(invalid(Field::RecvBufSize, size, "larger than 16 MiB"));
+        }
+        if self.max_inline > MAX_INLINE_LIMIT {
+            return Err(invalid(
+                Field::MaxInline,
+                u64::from(self.max_inline),
+                "larger than 64 KiB",
+            ));
+        }
+        if self.max_message_size < size {
+            return Err(invalid(
+                Field::MaxMessageSize,
+                self.max_message_size,
+                "smaller than the receive buffer size",
+            ));
+        }
+        if self.max_message_size > MAX_MESSAGE_LIMIT {
+            return Err(invalid(
+                Field::MaxMessageSize,
+                self.max_message_size,
+                "larger than 1 TiB",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Validates and encodes the parameters (version 1, [`ENCODED_LEN`] bytes).
+    ///
+    /// # Errors
+    ///
+    /// [`HandshakeError::InvalidField`] if a field is out of bounds: invalid parameters are
+    /// never put on the wire.
+    pub fn encode(&self) -> Result<[u8; ENCODED_LEN], HandshakeError> {
+        self.validate()?;
+        let mut b = [0u8; ENCODED_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4] = VERSION;
+        b[5] = ENCODED_LEN as u8;
+        b[6..8].copy_from_slice(&self.flags.bits().to_be_bytes());
+        b[8..12].copy_from_slice(&self.recv_credits.to_be_bytes());
+        b[12..16].copy_from_slice(&self.recv_buf_size.to_be_bytes());
+        b[16..20].copy_from_slice(&self.max_inline.to_be_bytes());
+        b[20..28].copy_from_slice(&self.max_message_size.to_be_bytes());
+        Ok(b)
+    }
+
+    /// Decodes and validates a handshake from private data. Bytes after the encoded length
+    /// (transport padding, or fields of a compatible later revision) are ignored.
+    ///
+    /// # Errors
+    ///
+    /// [`HandshakeError::Missing`] for empty or all-zero input, [`Truncated`], [`BadMagic`],
+    /// [`UnsupportedVersion`], or [`InvalidField`] naming the field.
+    ///
+    /// [`Truncated`]: HandshakeError::Truncated
+    /// [`BadMagic`]: HandshakeError::BadMagic
+    /// [`UnsupportedVersion`]: HandshakeError::UnsupportedVersion
+    /// [`InvalidField`]: HandshakeError::InvalidField
+    pub fn decode(input: &[u8]) -> Result<Params, HandshakeError> {
+        if input.iter().all(|&b| b == 0) {
+            return Err(HandshakeError::Missing);
+        }
+        let truncated = |needed: usize| HandshakeError::Truncated {
+            needed,
+            got: input.len(),
+        };
+        let Some(magic) = input.get(0..4) else {
+            return Err(truncated(ENCODED_LEN));
+        };
+        if magic != MAGIC {
+            let mut found = [0u8; 4];
+            found.copy_from_slice(magic);
+            return Err(HandshakeError::BadMagic { found });
+        }
+        let Some(&version) = input.get(4) else {
+            return Err(truncated(ENCODED_LEN));
+        };
+        if version != VERSION {
+            return Err(HandshakeError::UnsupportedVersion {
+                found: version,
+                supported: VERSION,
+            });
+        }
+        let Some(&len) = input.get(5) else {
+            return Err(truncated(ENCODED_LEN));
+        };
+        let len = usize::from(len);
+        if len < ENCODED_LEN {
+            return Err(invalid(
+                Field::EncodedLen,
+                len as u64,
+                "shorter than the version 1 encoding (28 bytes)",
+            ));
+        }
+        if input.len() < len {
+            return Err(truncated(len));
+        }
+        let be16 = |at: usize| u16::from_be_bytes([input[at], input[at + 1]]);
+        let be32 = |at: usize| {
+            u32::from_be_bytes([input[at], input[at + 1], input[at + 2], input[at + 3]])
+        };
+        let be64 = |at: usize| (u64::from(be32(at)) << 32) | u64::from(be32(at + 4));
+        let params = Params {
+            flags: Flags(be16(6)),
+            recv_credits: be32(8),
+            recv_buf_size: be32(12),
+            max_inline: be32(16),
+            max_message_size: be64(20),
+        };
+        params.validate()?;
+        Ok(params)
+    }
+}
+
+/// The effective parameters of a connection, from this side's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Negotiated {
+    /// Sends this side may have in flight: the peer's receive credits.
+    pub send_credits: u32,
+    /// Receive buffers this side keeps posted: its own receive credits.
+    pub recv_credits: u32,
+    /// The largest message this side may SEND: the peer's receive buffer size.
+    pub max_send_size: u32,
+    /// The size of this side's receive buffers.
+    pub recv_buf_size: u32,
+    /// The largest payload this side sends inline: its own limit, capped by what one peer
+    /// receive takes.
+    pub max_inline: u32,
+    /// The largest message either side may transfer in total: the smaller announcement.
+    pub max_message_size: u64,
+    /// Both sides offer one-sided access.
+    pub one_sided: bool,
+    /// Both sides offer atomics.
+    pub atomics: bool,
+}
+
+/// Computes the effective parameters of a connection from this side's announcement (`local`)
+/// and the peer's (`remote`). Symmetric: the peer computes the mirror image.
+///
+/// # Errors
+///
+/// [`HandshakeError::InvalidField`] if either side's parameters are out of bounds;
+/// [`HandshakeError::Incompatible`] if a side requires a feature the other does not offer.
+pub fn negotiate(local: &Params, remote: &Params) -> Result<Negotiated, HandshakeError> {
+    local.validate()?;
+    remote.validate()?;
+    let requirements = [
+        (
+            Flags::REQUIRE_ONE_SIDED,
+            Flags::ONE_SIDED,
+            Feature::OneSided,
+        ),
+        (Flags::REQUIRE_ATOMICS, Flags::ATOMICS, Feature::Atomics),
+    ];
+    for (require, offer, feature) in requirements {
+        if local.flags.contains(require) && !remote.flags.contains(offer) {
+            return Err(HandshakeError::Incompatible {
+                required_by: Side::Local,
+                feature,
+            });
+        }
+        if remote.flags.contains(require) && !local.flags.contains(offer) {
+            return Err(HandshakeError::Incompatible {
+                required_by: Side::Remote,
+                feature,
+            });
+        }
+    }
+    let both = |f: Flags| local.flags.contains(f) && remote.flags.contains(f);
+    Ok(Negotiated {
+        send_credits: remote.recv_credits,
+        recv_credits: local.recv_credits,
+        max_send_size: remote.recv_buf_size,
+        recv_buf_size: local.recv_buf_size,
+        max_inline: local.max_inline.min(remote.recv_buf_size),
+        max_message_size: local.max_message_size.min(remote.max_message_size),
+        one_sided: both(Flags::ONE_SIDED),
+        atomics: both(Flags::ATOMICS),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Params {
+        Params {
+            flags: Flags::ONE_SIDED | Flags::REQUIRE_ONE_SIDED,
+            recv_credits: 128,
+            recv_buf_size: 8192,
+            max_inline: 220,
+            max_message_size: 64 << 20,
+        }
+    }
+
+    fn field_of(e: HandshakeError) -> Field {
+        match e {
+            HandshakeError::InvalidField { field, .. } => field,
+            other => panic!("expected InvalidField, got {other:?}"),
+        }
+    }
+
+    fn with(f: impl FnOnce(&mut [u8; ENCODED_LEN])) -> Vec<u8> {
+        let mut b = sample().encode().unwrap();
+        f(&mut b);
+        b.to_vec()
+    }
+
+    #[test]
+    fn round_trip() {
+        let p = sample();
+        let b = p.encode().unwrap();
+        assert_eq!(b.len(), ENCODED_LEN);
+        assert_eq!(&b[..4], b"TRDM");
+        assert_eq!(b[4], VERSION);
+        assert_eq!(Params::decode(&b).unwrap(), p);
+        let d = Params::default();
+        assert_eq!(Params::decode(&d.encode().unwrap()).unwrap(), d);
+    }
+
+    #[test]
+    fn wire_layout_is_big_endian() {
+        let b = sample().encode().unwrap();
+        assert_eq!(
+            b,
+            [
+                b'T', b'R', b'D', b'M', 1, 28, 0x01, 0x01, 0, 0, 0, 128, 0, 0, 0x20, 0, 0, 0, 0,
+                220, 0, 0, 0, 0, 0x04, 0, 0, 0
+            ]
+        );
+    }
+
+    #[test]
+    fn transport_padding_is_accepted() {
+        let b = sample().encode().unwrap();
+        for total in [56usize, 148, 196] {
+            let mut padded = b.to_vec();
+            padded.resize(total, 0);
+            assert_eq!(Params::decode(&padded).unwrap(), sample(), "{total} bytes");
+        }
+        // A later compatible revision appends fields and says so in the length byte.
+        let mut longer = b.to_vec();
+        longer[5] = 40;
+        longer.extend_from_slice(&[0xaa; 12]);
+        longer.resize(56, 0);
+        assert_eq!(Params::decode(&longer).unwrap(), sample());
+    }
+
+    #[test]
+    fn missing_and_truncated() {
+        assert_eq!(Params::decode(&[]), Err(HandshakeError::Missing));
+        assert_eq!(Params::decode(&[0; 56]), Err(HandshakeError::Missing));
+        let b = sample().encode().unwrap();
+        for n in 1..ENCODED_LEN {
+            match Params::decode(&b[..n]) {
+                Err(HandshakeError::Truncated { needed, got }) => {
+                    assert_eq!((needed, got), (ENCODED_LEN, n));
+                }
+                other => panic!("{n} bytes: {other:?}"),
+            }
+        }
+        // The length byte promises more than is there.
+        let mut v = b.to_vec();
+        v[5] = 40;
+        assert_eq!(
+            Params::decode(&v),
+            Err(HandshakeError::Truncated {
+                needed: 40,
+                got: 28
+            })
+        );
+    }
+
+    #[test]
+    fn wrong_magic_and_version() {
+        let v = with(|b| b[0] = b'X');
+        assert_eq!(
+            Params::decode(&v),
+            Err(HandshakeError::BadMagic { found: *b"XRDM" })
+        );
+        // Another protocol's bytes.
+        assert!(matches!(
+            Params::decode(b"HTTP"),
+            Err(HandshakeError::BadMagic { .. })
+        ));
+        for version in [0u8, 2, 255] {
+            let v = with(|b| b[4] = version);
+            assert_eq!(
+                Params::decode(&v),
+                Err(HandshakeError::UnsupportedVersion {
+                    found: version,
+                    supported: 1
+                })
+            );
+        }
+        let e = Params::decode(&with(|b| b[4] = 7)).unwrap_err();
+        assert!(e.to_string().contains("version 7"), "{e}");
+    }
+
+    #[test]
+    fn encoded_len_below_v1_is_rejected() {
+        let v = with(|b| b[5] = 27);
+        assert_eq!(field_of(Params::decode(&v).unwrap_err()), Field::EncodedLen);
+        let v = with(|b| b[5] = 0);
+        assert_eq!(field_of(Params::decode(&v).unwrap_err()), Field::EncodedLen);
+    }
+
+    #[test]
+    fn unknown_flags_are_rejected() {
+        let v = with(|b| b[7] |= 0x04);
+        assert_eq!(field_of(Params::decode(&v).unwrap_err()), Field::Flags);
+        let v = with(|b| b[6] = 0x80);
+        assert_eq!(field_of(Params::decode(&v).unwrap_err()), Field::Flags);
+    }
+
+    #[test]
+    fn credits_bounds() {
+        let set = |c: u32| with(|b| b[8..12].copy_from_slice(&c.to_be_bytes()));
+        for bad in [0u32, 65_536, u32::MAX] {
+            let e = Params::decode(&set(bad)).unwrap_err();
+            assert!(e.to_string().contains("recv_credits"), "{e}");
+            assert_eq!(field_of(e), Field::RecvCredits);
+        }
+        for good in [1u32, 65_535] {
+            assert_eq!(Params::decode(&set(good)).unwrap().recv_credits, good);
+        }
+    }
+
+    #[test]
+    fn recv_buf_size_bounds() {
+        // Keep max_message_size above the tested sizes so only recv_buf_size can be wrong.
+        let set = |s: u32| {
+            with(|b| {
+                b[12..16].copy_from_slice(&s.to_be_bytes());
+                b[20..28].copy_from_slice(&(1u64 << 30).to_be_bytes());
+            })
+        };
+        for bad in [0u32, 63, (16 << 20) + 1, u32::MAX] {
+            let e = Params::decode(&set(bad)).unwrap_err();
+            assert_eq!(field_of(e), Field::RecvBufSize, "size {bad}");
+        }
+        for good in [64u32, 16 << 20] {
+            assert_eq!(Params::decode(&set(good)).unwrap().recv_buf_size, good);
+        }
+    }
+
+    #[test]
+    fn max_inline_bounds() {
+        let set = |s: u32| with(|b| b[16..20].copy_from_slice(&s.to_be_bytes()));
+        assert_eq!(
+            field_of(Params::decode(&set((64 << 10) + 1)).unwrap_err()),
+            Field::MaxInline
+        );
+        assert_eq!(Params::decode(&set(0)).unwrap().max_inline, 0);
+        assert_eq!(Params::decode(&set(64 << 10)).unwrap().max_inline, 64 << 10);
+    }
+
+    #[test]
+    fn max_message_size_bounds() {
+        let set = |s: u64| with(|b| b[20..28].copy_from_slice(&s.to_be_bytes()));
+        for bad in [0u64, 8191, (1 << 40) + 1, u64::MAX] {
+            let e = Params::decode(&set(bad)).unwrap_err();
+            assert_eq!(field_of(e), Field::MaxMessageSize, "size {bad}");
+        }
+        assert_eq!(Params::decode(&set(8192)).unwrap().max_message_size, 8192);
+        assert_eq!(
+            Params::decode(&set(1 << 40)).unwrap().max_message_size,
+            1 << 40
+        );
+    }
+
+    #[test]
+    fn invalid_params_are_not_encoded() {
+        let p = Params {
+            recv_credits: 0,
+            ..Params::default()
+        };
+        assert_eq!(field_of(p.encode().unwrap_err()), Field::RecvCredits);
+        let p = Params {
+            flags: Flags(0x8000),
+            ..Params::default()
+        };
+        assert_eq!(field_of(p.encode().unwrap_err()), Field::Flags);
+    }
+
+    #[test]
+    fn negotiate_takes_the_peer_view() {
+        let client = sample();
+        let server = Params {
+            flags: Flags::ONE_SIDED | Flags::ATOMICS,
+            recv_credits: 16,
+            recv_buf_size: 128,
+            max_inline: 64,
+            max_message_size: 1 << 20,
+        };
+        let c = negotiate(&client, &server).unwrap();
+        assert_eq!(c.send_credits, 16);
+        assert_eq!(c.recv_credits, 128);
+        assert_eq!(c.max_send_size, 128);
+        assert_eq!(c.recv_buf_size, 8192);
+        assert_eq!(
+            c.max_inline, 128,
+            "inline capped by the peer's receive size"
+        );
+        assert_eq!(c.max_message_size, 1 << 20);
+        assert!(c.one_sided);
+        assert!(!c.atomics, "only the server offers atomics");
+        let s = negotiate(&server, &client).unwrap();
+        assert_eq!((s.send_credits, s.recv_credits), (128, 16));
+        assert_eq!((s.max_send_size, s.max_inline), (8192, 64));
+        assert_eq!(s.max_message_size, c.max_message_size);
+    }
+
+    #[test]
+    fn negotiate_reports_missing_features() {
+        let needs_atomics = Params {
+            flags: Flags::REQUIRE_ATOMICS,
+            ..Params::default()
+        };
+        let plain = Params {
+            flags: Flags::NONE,
+            ..Params::default()
+        };
+        assert_eq!(
+            negotiate(&needs_atomics, &plain),
+            Err(HandshakeError::Incompatible {
+                required_by: Side::Local,
+                feature: Feature::Atomics
+            })
+        );
+        let e = negotiate(&plain, &needs_atomics).unwrap_err();
+        assert_eq!(
+            e,
+            HandshakeError::Incompatible {
+                required_by: Side::Remote,
+                feature: Feature::Atomics
+            }
+        );
+        assert!(
+            e.to_string().contains("the peer requires remote atomics"),
+            "{e}"
+        );
+        let needs_one_sided = Params {
+            flags: Flags::REQUIRE_ONE_SIDED,
+            ..Params::default()
+        };
+        assert!(matches!(
+            negotiate(&needs_one_sided, &plain),
+            Err(HandshakeError::Incompatible {
+                feature: Feature::OneSided,
+                ..
+            })
+        ));
+        // Offered on both sides: fine.
+        assert!(negotiate(&needs_one_sided, &Params::default()).is_ok());
+    }
+
+    #[test]
+    fn negotiate_validates_both_sides() {
+        let bad = Params {
+            recv_buf_size: 1,
+            ..Params::default()
+        };
+        assert_eq!(
+            field_of(negotiate(&Params::default(), &bad).unwrap_err()),
+            Field::RecvBufSize
+        );
+        assert_eq!(
+            field_of(negotiate(&bad, &Params::default()).unwrap_err()),
+            Field::RecvBufSize
+        );
+    }
+
+    #[test]
+    fn flags_debug_and_bits() {
+        assert_eq!(format!("{:?}", Flags::NONE), "NONE");
+        assert_eq!(
+            format!("{:?}", Flags::ONE_SIDED | Flags::REQUIRE_ATOMICS),
+            "ONE_SIDED | REQUIRE_ATOMICS"
+        );
+        assert_eq!(format!("{:?}", Flags(0x1004)), "0x1004");
+        assert_eq!(format!("{:?}", Flags(0x1001)), "ONE_SIDED | 0x1000");
+        assert_eq!(Flags::from_bits(0x0303), Some(Flags::KNOWN));
+        assert_eq!(Flags::from_bits(0x0400), None);
+    }
+}

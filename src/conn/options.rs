@@ -1,0 +1,105 @@
+//! Connection options.
+
+use std::time::Duration;
+
+use super::handshake::Params;
+use crate::driver::{CompletionMode, DriverOptions};
+
+/// Options of [`Connection::connect_with`](super::Connection::connect_with) and
+/// [`Listener::bind_with`](super::Listener::bind_with).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio_rdma::conn::ConnectOptions;
+/// let opts = ConnectOptions::default()
+///     .recv_credits(32)
+///     .recv_buf_size(16 << 10)
+///     .connect_timeout(Duration::from_secs(5));
+/// assert_eq!(opts.handshake().recv_credits, 32);
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// What this side announces in the handshake (receive credits and buffer size, inline
+    /// limit, message size limit, features).
+    pub params: Params,
+    /// Send-queue depth of the queue pair (sends in flight plus one-sided operations).
+    pub send_queue_depth: u32,
+    /// How the device's completion task waits (used when the device's driver is created).
+    pub completion_mode: CompletionMode,
+    /// Limit for address/route resolution and the handshake.
+    pub connect_timeout: Duration,
+    /// Send a keepalive after this much idle time (None: never). A dead peer then fails the
+    /// connection once the transport's retries run out.
+    pub keepalive: Option<Duration>,
+    /// Local ACK timeout code of the queue pair (4.096 us * 2^n); with 7 retries it bounds how
+    /// long a dead peer goes unnoticed.
+    pub ack_timeout: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> ConnectOptions {
+        ConnectOptions {
+            params: Params {
+                recv_credits: 16,
+                recv_buf_size: 64 << 10,
+                max_message_size: 16 << 20,
+                ..Params::default()
+            },
+            send_queue_depth: 128,
+            completion_mode: CompletionMode::default(),
+            connect_timeout: Duration::from_secs(30),
+            keepalive: Some(Duration::from_secs(10)),
+            ack_timeout: 14,
+        }
+    }
+}
+
+impl ConnectOptions {
+    /// The handshake parameters this side announces.
+    pub fn handshake(&self) -> &Params {
+        &self.params
+    }
+
+    /// Sets the receive credits (receive buffers kept posted).
+    pub fn recv_credits(mut self, n: u32) -> Self {
+        self.params.recv_credits = n;
+        self
+    }
+
+    /// Sets the receive buffer size (the largest chunk the peer may send in one SEND).
+    pub fn recv_buf_size(mut self, n: u32) -> Self {
+        self.params.recv_buf_size = n;
+        self
+    }
+
+    /// Sets the largest message accepted.
+    pub fn max_message_size(mut self, n: u64) -> Self {
+        self.params.max_message_size = n;
+        self
+    }
+
+    /// Sets the connect timeout.
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Sets the keepalive interval.
+    pub fn keepalive(mut self, t: Option<Duration>) -> Self {
+        self.keepalive = t;
+        self
+    }
+
+    /// Sets the completion mode.
+    pub fn completion_mode(mut self, mode: CompletionMode) -> Self {
+        self.completion_mode = mode;
+        self
+    }
+
+    pub(crate) fn driver_options(&self) -> DriverOptions {
+        DriverOptions::default().mode(self.completion_mode)
+    }
+}
