@@ -148,8 +148,13 @@ fn connect_handshake_send_recv_disconnect() {
     // Client: resolve, create the QP on the CM context, INIT, post a receive, connect.
     let cid = client_resolved(&cch, addr);
     let client = end_on(&cid);
-    cid.modify_qp(&client.qp, QpState::Init)
-        .expect("client INIT");
+    let mut init = cid.init_qp_attr(QpState::Init).expect("INIT attributes");
+    println!("client INIT attributes: {init:?}");
+    assert_eq!(init.port(), Some(cid.port_num()));
+    // RDMA CM gives the active side no remote access at INIT: grant RDMA WRITE explicitly.
+    init.set_access(AccessFlags::REMOTE_WRITE);
+    client.qp.modify_with_attr(&init).expect("client INIT");
+    cid.set_ack_timeout(16).expect("ack timeout");
     let crx = RegisteredBuffer::new(&client.pd, 256, AccessFlags::LOCAL_WRITE).unwrap();
     post_recv(&client, &crx, 1);
     let hello = client_params.encode().unwrap();
@@ -179,6 +184,10 @@ fn connect_handshake_send_recv_disconnect() {
     assert_eq!((eff.send_credits, eff.max_send_size), (8, 256));
 
     let server = end_on(&sid);
+    println!(
+        "server INIT attributes: {:?}",
+        sid.init_qp_attr(QpState::Init).unwrap()
+    );
     sid.prepare_accept(&server.qp).expect("server INIT+RTR");
     assert_eq!(server.qp.state().unwrap(), QpState::Rtr);
     let srx = RegisteredBuffer::new(&server.pd, 512, AccessFlags::LOCAL_WRITE).unwrap();
@@ -211,7 +220,17 @@ fn connect_handshake_send_recv_disconnect() {
     let rtr = cid.init_qp_attr(QpState::Rtr).expect("RTR attributes");
     println!("client RTR attributes: {rtr:?}");
     assert_eq!(rtr.dest_qpn(), Some(server.qp.qpn()));
-    cid.finish_connect(&client.qp).expect("RTR, RTS, establish");
+    client.qp.modify_with_attr(&rtr).expect("client RTR");
+    let rts = cid.init_qp_attr(QpState::Rts).expect("RTS attributes");
+    println!("client RTS attributes: {rts:?}");
+    assert_eq!(
+        rts.send_timers().map(|t| t.0),
+        Some(16),
+        "RDMA_OPTION_ID_ACK_TIMEOUT applied"
+    );
+    assert_eq!(rts.send_timers().map(|t| (t.1, t.2)), Some((7, 6)));
+    client.qp.modify_with_attr(&rts).expect("client RTS");
+    cid.establish().expect("establish");
     assert_eq!(client.qp.state().unwrap(), QpState::Rts);
 
     // Server: ESTABLISHED, then RTS.
@@ -228,6 +247,32 @@ fn connect_handshake_send_recv_disconnect() {
     let pong = pattern(100, 2);
     send(&server, &pong, 20);
     expect_recv(&client, &crx, 1, &pong);
+
+    // The client's QP allows RDMA WRITE (set at INIT): the server writes into its memory.
+    let target = RegisteredBuffer::new(
+        &client.pd,
+        4096,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    )
+    .unwrap();
+    let data = pattern(4096, 3);
+    let src = RegisteredBuffer::new(&server.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write_at(0, &data);
+    let sge = [src.sge(0..4096)];
+    let write = SendOp::Write {
+        remote_addr: target.addr(),
+        rkey: target.rkey(),
+    };
+    // SAFETY: `src` outlives the completion polled below.
+    unsafe {
+        server
+            .qp
+            .post_send(&[SendWr::new(30, write, &sge)])
+            .unwrap()
+    };
+    let wc = poll_one(&server.cq);
+    wc.result().expect("RDMA WRITE into the client");
+    assert_eq!(target.to_vec(), data);
 
     // The active side gets no ESTABLISHED of its own after rdma_establish.
     match cch.wait_event(Duration::from_millis(500)).unwrap() {

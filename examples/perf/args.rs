@@ -97,6 +97,9 @@ pub struct TestConfig {
     pub inline: u32,
     pub signal_every: u32,
     pub coalesce: bool,
+    /// `verbs`: the same loop on the crate's verbs layer, without the async driver (a
+    /// baseline that separates the driver's cost from the bindings' and the device's).
+    pub verbs: bool,
 }
 
 impl TestConfig {
@@ -104,7 +107,7 @@ impl TestConfig {
     pub fn encode(&self) -> String {
         let sizes: Vec<String> = self.sizes.iter().map(|s| s.to_string()).collect();
         format!(
-            "test={} sizes={} iters={} warmup={} depth={} rx_depth={} qps={} mode={} inline={} signal_every={} coalesce={}",
+            "test={} sizes={} iters={} warmup={} depth={} rx_depth={} qps={} mode={} inline={} signal_every={} coalesce={} engine={}",
             self.test.name(),
             sizes.join(","),
             self.iters,
@@ -116,6 +119,7 @@ impl TestConfig {
             self.inline,
             self.signal_every,
             u8::from(self.coalesce),
+            if self.verbs { "verbs" } else { "async" },
         )
     }
 
@@ -132,6 +136,7 @@ impl TestConfig {
             inline: 0,
             signal_every: 1,
             coalesce: false,
+            verbs: false,
         };
         for kv in line.split_whitespace() {
             let (k, v) = kv.split_once('=').ok_or(format!("bad field {kv}"))?;
@@ -150,6 +155,7 @@ impl TestConfig {
                 "inline" => c.inline = num(v)? as u32,
                 "signal_every" => c.signal_every = num(v)? as u32,
                 "coalesce" => c.coalesce = v == "1",
+                "engine" => c.verbs = v == "verbs",
                 _ => return Err(format!("unknown field {k}")),
             }
         }
@@ -229,6 +235,8 @@ Client options:
                      236 for send_lat, 0 otherwise); --no-inline = --inline 0
   --signal-every N   QpOptions::signal_every (default 16, the driver's default)
   --coalesce on|off  QpOptions::coalesce (default off for latency, on for bandwidth)
+  --engine E         async (default): the tokio-rdma driver; verbs: the same latency loop on
+                     the crate's verbs layer (post + busy-poll the CQ, no driver), a baseline
   --json             one JSON object per size on stdout instead of the table
   --svg FILE         write the latency distribution (CDF) as SVG
   --samples FILE     write the raw latency samples (microseconds, one per line)
@@ -277,6 +285,7 @@ pub fn parse_from(argv: Vec<String>) -> Args {
     let (mut iters, mut warmup, mut depth, mut rx_depth, mut qps) = (None, 0, 128, 512, 1);
     let mut mode = CompletionMode::BusyPoll;
     let (mut inline, mut signal_every, mut coalesce) = (None, 16u32, None);
+    let mut verbs = false;
     let mut a = Args {
         role: Role::Server { port },
         device: None,
@@ -331,6 +340,13 @@ pub fn parse_from(argv: Vec<String>) -> Args {
                     v => bad(format!("--coalesce on|off, not {v}")),
                 })
             }
+            "--engine" => {
+                verbs = match val().as_str() {
+                    "verbs" => true,
+                    "async" => false,
+                    v => bad(format!("--engine async|verbs, not {v}")),
+                }
+            }
             "--json" => a.json = true,
             "--svg" => a.svg = Some(val()),
             "--samples" => a.samples = Some(val()),
@@ -373,7 +389,11 @@ pub fn parse_from(argv: Vec<String>) -> Args {
                 inline: inline.unwrap_or(default_inline),
                 signal_every: signal_every.max(1),
                 coalesce: coalesce.unwrap_or(!test.is_lat()),
+                verbs,
             };
+            if verbs && !test.is_lat() {
+                bad("--engine verbs exists for the latency tests only");
+            }
             if cfg.iters < 2 {
                 bad("--iters must be at least 2");
             }

@@ -21,6 +21,7 @@ mod args;
 mod report;
 mod run;
 mod setup;
+mod verbs_engine;
 
 use std::time::{Duration, Instant};
 

@@ -36,7 +36,7 @@ impl Future for SelfYield {
 }
 
 /// The iteration marker written into the last byte of a write_lat message (never 0).
-fn marker(k: usize) -> u8 {
+pub fn marker(k: usize) -> u8 {
     (k % 255) as u8 + 1
 }
 
@@ -66,34 +66,87 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-/// Client side of one size: returns the result (peer CPU filled in by the caller).
+/// Client side of one size.
 pub async fn client_case(
     ctrl: &mut Ctrl,
     side: &Side,
     cfg: &TestConfig,
     size: usize,
 ) -> Res<CaseResult> {
-    let total = cfg.warmup + cfg.iters;
     if cfg.test == Test::WriteLat {
         reset_byte(&side.exposed[0], size - 1);
     }
     ctrl.send(&format!("run {size}")).await?;
     ctrl.expect("ready").await?;
     let mut samples = Vec::with_capacity(cfg.iters * cfg.qps);
-    let (mut stats0, mut cpu0, mut hw0, mut t0) = (
-        side.driver.stats(),
-        cpu_time(),
-        hw_counters(&side.device, side.port),
-        Instant::now(),
-    );
+    let mut start = Start::now(side);
     let mut mark = |k: usize| {
         if k == cfg.warmup {
-            stats0 = side.driver.stats();
-            cpu0 = cpu_time();
-            hw0 = hw_counters(&side.device, side.port);
-            t0 = Instant::now();
+            start = Start::now(side);
         }
     };
+    let ops = if cfg.verbs {
+        let all = crate::verbs_engine::client(side, cfg, size, &mut mark)?;
+        samples.extend_from_slice(&all[cfg.warmup..]);
+        cfg.iters as u64
+    } else {
+        async_client(side, cfg, size, &mut samples, &mut mark).await?
+    };
+    let elapsed = start.t.elapsed();
+    let cpu = cpu_time() - start.cpu;
+    let stats = StatsDelta::between(&start.stats, &driver_stats(side));
+    let hw = hw_delta(&start.hw, &hw_counters(&side.device, side.port));
+    ctrl.send("done").await?;
+    let peer = ctrl.expect("stats").await?;
+    let peer_cpu = peer
+        .strip_prefix("cpu_ns=")
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_nanos);
+    samples.sort_by(f64::total_cmp);
+    Ok(CaseResult {
+        size,
+        ops,
+        samples,
+        elapsed,
+        cpu,
+        peer_cpu,
+        stats,
+        hw,
+    })
+}
+
+/// Counters at the start of the measured iterations.
+struct Start {
+    t: Instant,
+    cpu: Duration,
+    stats: tokio_rdma::driver::DriverStats,
+    hw: Vec<(String, u64)>,
+}
+
+impl Start {
+    fn now(side: &Side) -> Start {
+        Start {
+            stats: driver_stats(side),
+            cpu: cpu_time(),
+            hw: hw_counters(&side.device, side.port),
+            t: Instant::now(),
+        }
+    }
+}
+
+fn driver_stats(side: &Side) -> tokio_rdma::driver::DriverStats {
+    side.driver.as_ref().map(|d| d.stats()).unwrap_or_default()
+}
+
+/// The async engine's client loops; returns the number of measured operations.
+async fn async_client(
+    side: &Side,
+    cfg: &TestConfig,
+    size: usize,
+    samples: &mut Vec<f64>,
+    mark: &mut impl FnMut(usize),
+) -> Res<u64> {
+    let total = cfg.warmup + cfg.iters;
     let qp = &side.qps[0];
     let ops;
     match cfg.test {
@@ -166,31 +219,11 @@ pub async fn client_case(
                 bw_loop(side, cfg, size, cfg.warmup, &mut Vec::new()).await?;
             }
             mark(cfg.warmup);
-            bw_loop(side, cfg, size, cfg.iters, &mut samples).await?;
+            bw_loop(side, cfg, size, cfg.iters, samples).await?;
             ops = (cfg.iters * cfg.qps) as u64;
         }
     }
-    let elapsed = t0.elapsed();
-    let cpu = cpu_time() - cpu0;
-    let stats = StatsDelta::between(&stats0, &side.driver.stats());
-    let hw = hw_delta(&hw0, &hw_counters(&side.device, side.port));
-    ctrl.send("done").await?;
-    let peer = ctrl.expect("stats").await?;
-    let peer_cpu = peer
-        .strip_prefix("cpu_ns=")
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_nanos);
-    samples.sort_by(f64::total_cmp);
-    Ok(CaseResult {
-        size,
-        ops,
-        samples,
-        elapsed,
-        cpu,
-        peer_cpu,
-        stats,
-        hw,
-    })
+    Ok(ops)
 }
 
 /// Keeps `cfg.depth` operations in flight on every queue pair until each has done `iters`;
@@ -252,8 +285,16 @@ async fn recv_one(q: usize, qp: &AsyncQp, c: Chunk) -> RecvOut {
 /// for `done`, and answers with its CPU time.
 pub async fn server_case(ctrl: &mut Ctrl, side: &Side, cfg: &TestConfig, size: usize) -> Res<()> {
     let total = cfg.warmup + cfg.iters;
-    let qp = &side.qps[0];
     let cpu0 = cpu_time();
+    if cfg.verbs {
+        crate::verbs_engine::server(side, cfg, size, async || ctrl.send("ready").await).await?;
+        ctrl.expect("done").await?;
+        let cpu = cpu_time() - cpu0;
+        ctrl.send(&format!("stats cpu_ns={}", cpu.as_nanos()))
+            .await?;
+        return Ok(());
+    }
+    let qp = &side.qps[0];
     match cfg.test {
         Test::WriteLat => {
             reset_byte(&side.exposed[0], size - 1);

@@ -7,10 +7,10 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_rdma::buf::{IoBuf, IoBufMut, RemoteToken};
-use tokio_rdma::driver::{AsyncQp, Driver, DriverOptions, QpOptions};
+use tokio_rdma::driver::{AsyncQp, CompletionMode, Driver, DriverOptions, QpOptions};
 use tokio_rdma::verbs::{
-    AccessFlags, Context, Endpoint, PortState, ProtectionDomain, QpCaps, RegisteredBuffer,
-    RtrOptions, RtsOptions,
+    AccessFlags, CompletionQueue, Context, Endpoint, PortState, ProtectionDomain, QpCaps,
+    QpInitAttr, QueuePair, RegisteredBuffer, RtrOptions, RtsOptions,
 };
 
 use crate::args::{Test, TestConfig};
@@ -133,8 +133,11 @@ pub fn chunks(pd: &ProtectionDomain, size: usize, want: usize, cap: usize) -> Re
 /// One end of a test: its queue pairs connected to the peer's, and its buffers.
 pub struct Side {
     pub pd: ProtectionDomain,
-    pub driver: Driver,
+    /// None with the verbs engine.
+    pub driver: Option<Driver>,
     pub qps: Vec<AsyncQp>,
+    /// The verbs engine's queue pairs, each with its own CQ (polled directly).
+    pub vqps: Vec<(QueuePair, CompletionQueue)>,
     /// Per queue pair: memory the peer may write and read (the write/read target, and the
     /// buffer whose last byte write_lat polls).
     pub exposed: Vec<RegisteredBuffer>,
@@ -185,29 +188,57 @@ pub async fn establish(
         cfg.rx_depth.max(16)
     } as u32;
     let cq_size = (cfg.qps as u32 * (sq + rq)).max(256) + 64;
-    let driver = Driver::new(
-        &ctx,
-        DriverOptions::default().mode(cfg.mode).cq_size(cq_size),
-    )?;
-    let mut opts = QpOptions::default();
-    opts.caps = QpCaps {
+    let caps = QpCaps {
         max_send_wr: sq,
         max_recv_wr: rq,
         max_send_sge: 1,
         max_recv_sge: 1,
         max_inline_data: cfg.inline,
     };
+    // A server with no completions on its critical path (the target of writes and reads)
+    // sleeps on events, as perftest's does on its socket: a busy-polling bystander would only
+    // take a CPU from the device (on rxe, the kernel does the transfers).
+    let passive = !client && matches!(cfg.test, Test::ReadLat | Test::WriteBw | Test::ReadBw);
+    let mode = if passive {
+        CompletionMode::Event
+    } else {
+        cfg.mode
+    };
+    let driver = if cfg.verbs {
+        None
+    } else {
+        Some(Driver::new(
+            &ctx,
+            DriverOptions::default().mode(mode).cq_size(cq_size),
+        )?)
+    };
+    let mut opts = QpOptions::default();
+    opts.caps = caps;
     opts.inline = cfg.inline > 0;
     opts.signal_every = cfg.signal_every;
     opts.coalesce = cfg.coalesce;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mut qps = Vec::new();
+    let mut vqps = Vec::new();
     let mut exposed = Vec::new();
     let mut lines = Vec::new();
     let mut local_eps = Vec::new();
     for _ in 0..cfg.qps {
-        let qp = driver.create_qp(&pd, opts)?;
-        let ep = qp.verbs().local_endpoint(port, Some(gid.index))?;
+        let vqp = match &driver {
+            Some(d) => {
+                qps.push(d.create_qp(&pd, opts)?);
+                qps.last().expect("pushed").verbs().clone()
+            }
+            None => {
+                let cq = CompletionQueue::new(&ctx, cq_size, None)?;
+                let mut attr = QpInitAttr::new(&cq, &cq);
+                attr.caps = caps;
+                let qp = QueuePair::new_rc(&pd, &attr)?;
+                vqps.push((qp.clone(), cq));
+                qp
+            }
+        };
+        let ep = vqp.local_endpoint(port, Some(gid.index))?;
         // Write/read tests expose the largest size; others still exchange a small token.
         let len = if is_send { 64 } else { cfg.max_size() };
         let buf = RegisteredBuffer::new(&pd, len, access)?;
@@ -217,8 +248,7 @@ pub async fn establish(
             hex(&ep.to_bytes()),
             hex(&token.to_bytes())
         ));
-        local_eps.push(ep);
-        qps.push(qp);
+        local_eps.push((vqp, ep));
         exposed.push(buf);
     }
     let peer = if client {
@@ -235,8 +265,8 @@ pub async fn establish(
     };
     let rtr = RtrOptions::new(port, gid.index as u8);
     let rts = RtsOptions::default();
-    for ((qp, me), (them, _)) in qps.iter().zip(&local_eps).zip(&peer) {
-        qp.verbs().connect(me, them, &rtr, &rts, access)?;
+    for ((qp, me), (them, _)) in local_eps.iter().zip(&peer) {
+        qp.connect(me, them, &rtr, &rts, access)?;
     }
     // Both sides are in RTS before either starts (a request to a QP still in INIT is dropped
     // and costs a retransmission timeout).
@@ -251,6 +281,7 @@ pub async fn establish(
         pd,
         driver,
         qps,
+        vqps,
         exposed,
         remote: peer.into_iter().map(|(_, t)| t).collect(),
         device: ctx.name().to_string(),

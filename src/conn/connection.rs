@@ -11,6 +11,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::cm_async::AsyncChannel;
 use super::engine::{ConnStats, Engine};
+use super::handshake::Flags;
 use super::handshake::{self, Negotiated, Params};
 use super::options::ConnectOptions;
 use super::receiver::{self, Delivery};
@@ -20,7 +21,9 @@ use crate::buf::{IoBufMut, Pool, PoolConfig, RemoteToken, SizeClass};
 use crate::driver::{AsyncQp, Driver, QpOptions};
 use crate::error::{Error, QpFailure, Result};
 use crate::ops::{CompareSwap, FetchAdd, Read, SgSource, SgTarget, Write};
-use crate::verbs::{CmEventKind, CmId, Context, EventChannel, ProtectionDomain, QpCaps};
+use crate::verbs::{
+    AccessFlags, CmEventKind, CmId, Context, EventChannel, ProtectionDomain, QpCaps,
+};
 
 /// An established RDMA connection.
 ///
@@ -145,6 +148,9 @@ impl Connection {
                 id.modify_qp(&qp, crate::verbs::QpState::Rts)?;
             }
         }
+        engine
+            .ready
+            .store(true, std::sync::atomic::Ordering::Release);
         let peer = id.peer_addr();
         tokio::spawn(watch_cm(events, engine.clone(), id.clone()).instrument(span.clone()));
         span.in_scope(|| debug!(?negotiated, "connection established"));
@@ -267,6 +273,21 @@ impl Connection {
         RdmaStream::new(self)
     }
 
+    /// Half-closes the connection: sends end-of-stream (the peer's [`recv`](Self::recv) returns
+    /// `Ok(None)` after the messages already sent); this side can still receive until the peer
+    /// closes too. Later sends fail.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: end-of-stream is sent at most once.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.engine.send_close().await
+    }
+
     /// Closes the connection: sends end-of-stream (the peer's [`recv`](Self::recv) returns
     /// `Ok(None)` after the messages already sent), disconnects, and waits until every
     /// outstanding operation has resolved.
@@ -296,6 +317,8 @@ async fn close_engine(engine: &Arc<Engine>, id: &CmId) -> Result<()> {
     }
     engine.fail(QpFailure::Closed);
     match sent {
+        // The peer closed or left first: the connection is closed all the same.
+        Ok(Err(Error::QpFailed(QpFailure::Disconnected | QpFailure::Closed))) => Ok(()),
         Ok(r) => r,
         Err(_) => Err(Error::Timeout {
             what: "sending end-of-stream",
@@ -389,7 +412,16 @@ pub(crate) fn prepare(
         ..QpOptions::default()
     };
     let qp = driver.create_qp(&pd, qopts)?;
-    id.modify_qp(qp.verbs(), crate::verbs::QpState::Init)?;
+    // Least privilege: the queue pair admits remote READ/WRITE (and atomics) only if this side
+    // offers them; the memory itself still needs a grant (an rkey) per buffer.
+    let mut access = AccessFlags::LOCAL_WRITE;
+    if p.flags.contains(Flags::ONE_SIDED) {
+        access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    }
+    if p.flags.contains(Flags::ATOMICS) {
+        access |= AccessFlags::REMOTE_ATOMIC;
+    }
+    id.modify_qp_with_access(qp.verbs(), crate::verbs::QpState::Init, access)?;
     // Receive buffers (posted plus as many again held by the application) and send staging
     // buffers of the same size: registered once, here, never on the data path.
     let count = (p.recv_credits as usize) * 2 + opts.send_queue_depth as usize;

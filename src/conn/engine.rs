@@ -77,6 +77,8 @@ pub(crate) struct Engine {
     pub(crate) send_lock: tokio::sync::Mutex<()>,
     pub(crate) state: Mutex<ConnState>,
     pub(crate) counters: Counters,
+    /// The queue pair is in RTS: control messages may go out (before that a post would fail).
+    pub(crate) ready: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -90,6 +92,7 @@ impl Engine {
             send_lock: tokio::sync::Mutex::new(()),
             state: Mutex::new(ConnState::default()),
             counters: Counters::default(),
+            ready: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -142,6 +145,13 @@ impl Engine {
             if !waited {
                 waited = true;
                 self.counters.credit_waits.fetch_add(1, Ordering::Relaxed);
+                let c = self.credits();
+                tracing::trace!(
+                    available = c.available(),
+                    owed = c.owed(),
+                    control,
+                    "waiting for a credit"
+                );
             }
             notified.await;
         }
@@ -222,6 +232,9 @@ impl Engine {
     pub(crate) fn credit_message(
         self: &Arc<Self>,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        if !self.ready.load(Ordering::Acquire) {
+            return None;
+        }
         {
             let mut c = self.credits();
             if !c.credit_message_due() || !c.try_take_control() {
@@ -230,6 +243,7 @@ impl Engine {
         }
         let this = self.clone();
         let imm = self.header(MsgKind::Credit);
+        tracing::trace!(returned = imm & 0xffff, "credit message");
         let op = self.qp.send_with_imm(Vec::<u8>::new(), imm);
         self.counters
             .credit_messages

@@ -262,7 +262,7 @@ pub enum HandshakeError {
         got: usize,
     },
     /// The magic is wrong: the peer does not speak this protocol.
-    #[error("bad magic {found:02x?} (expected {MAGIC:02x?} \"TRDM\"): not a tokio-rdma peer")]
+    #[error("bad magic \"{}\" (expected \"TRDM\"): not a tokio-rdma peer", found.escape_ascii())]
     BadMagic {
         /// The first four bytes received.
         found: [u8; 4],
@@ -632,6 +632,13 @@ mod tests {
                 })
             );
         }
+        let e = Params::decode(b"GET / HTTP/1.1\r\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "bad magic \"GET \" (expected \"TRDM\"): not a tokio-rdma peer"
+        );
+        let e = Params::decode(&[0xff, 0, 1, 2]).unwrap_err();
+        assert!(e.to_string().contains(r#""\xff\x00\x01\x02""#), "{e}");
         let e = Params::decode(&with(|b| b[4] = 7)).unwrap_err();
         assert!(e.to_string().contains("version 7"), "{e}");
     }

@@ -159,7 +159,8 @@ impl Listener {
             Ok(p) => p,
             Err(e) => return Err(reject(&id, e)),
         };
-        if let Err(e) = id.prepare_accept(prepared.qp.verbs()) {
+        // `prepare` moved the queue pair to INIT; RTR with the parameters of the request.
+        if let Err(e) = id.modify_qp(prepared.qp.verbs(), crate::verbs::QpState::Rtr) {
             return Err(reject(&id, e));
         }
         let accept_data = local.encode()?.to_vec();

@@ -148,6 +148,9 @@ fn repost(engine: &Arc<Engine>, posted: &mut VecDeque<RecvOp>, buf: PoolBuf) {
 fn keepalive_message(
     engine: &Arc<Engine>,
 ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+    if !engine.ready.load(Ordering::Acquire) {
+        return None;
+    }
     {
         let mut c = engine.credits();
         if !c.try_take_control() {
@@ -209,6 +212,7 @@ fn handle(
         .imm
         .ok_or_else(|| Error::Protocol("a message arrived without immediate data".into()))?;
     let header = MsgHeader::decode(imm)?;
+    trace!(kind = ?header.kind, credits = header.credits, len = info.len, "received");
     engine.credits().on_returned(u32::from(header.credits));
     engine.credit_changed.notify_waiters();
     match header.kind {

@@ -16,8 +16,9 @@ use crate::error::Result;
 type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A byte stream over a [`Connection`]: each write becomes one message, reads consume
-/// messages in order across their boundaries. `shutdown` sends end-of-stream; a read then
-/// returns 0 at the peer.
+/// messages in order across their boundaries. `shutdown` sends end-of-stream (a half-close:
+/// reads go on until the peer shuts down too); a read then returns 0 at the peer. Dropping the
+/// stream closes the connection.
 ///
 /// A write returns as soon as its bytes are copied for sending; the send's outcome is reported
 /// by the next write, `flush` or `shutdown`.
@@ -139,7 +140,7 @@ impl AsyncWrite for RdmaStream {
         ready!(this.poll_pending_write(cx))?;
         let fut = this.closing.get_or_insert_with(|| {
             let conn = this.conn.clone();
-            Box::pin(async move { conn.close().await })
+            Box::pin(async move { conn.shutdown().await })
         });
         let res = ready!(fut.as_mut().poll(cx));
         Poll::Ready(res.map_err(io::Error::from))

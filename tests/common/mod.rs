@@ -179,3 +179,13 @@ pub async fn within<F: std::future::Future>(secs: u64, what: &str, f: F) -> F::O
         Err(_) => panic!("{what}: not done within {secs} s"),
     }
 }
+
+/// Installs a `tracing` subscriber when `RUST_LOG` is set (e.g. `--env RUST_LOG=tokio_rdma=debug`).
+pub fn init_tracing() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}

@@ -177,7 +177,9 @@ unsafe impl IoBuf for PoolBuf {
         self.len
     }
     fn bytes_total(&self) -> usize {
-        self.capacity()
+        // The acquired length, not the class size: a read or receive fills what was asked
+        // for (`set_len` first to use more of the class).
+        self.len
     }
     fn lkey(&self) -> Option<u32> {
         Some(PoolBuf::lkey(self))

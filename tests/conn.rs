@@ -1,0 +1,471 @@
+//! Device tests of connections over RDMA CM on rxe (soft-RoCE VM): messages with credit flow
+//! control, many concurrent connections, byte streams, one-sided I/O with exchanged tokens,
+//! graceful close, dead peers, and malformed handshakes.
+#![allow(clippy::print_stdout)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::within;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rdma::buf::RemoteToken;
+use tokio_rdma::conn::{ConnectOptions, Connection, Listener};
+
+/// A fresh port on rxe0's address for each test.
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([192, 0, 2, 1], port))
+}
+
+/// rxe's RNR counters (sent and received RNR NAKs), summed; `None` if the device has none.
+fn rnr_counters() -> Option<u64> {
+    let dir = std::path::Path::new("/sys/class/infiniband/rxe0/ports/1/hw_counters");
+    let mut total = 0;
+    let mut found = false;
+    for name in ["rcvd_rnr_err", "send_rnr_err", "retry_rnr_exceeded_err"] {
+        if let Ok(s) = std::fs::read_to_string(dir.join(name)) {
+            total += s.trim().parse::<u64>().unwrap_or(0);
+            found = true;
+        }
+    }
+    found.then_some(total)
+}
+
+/// Deterministic pseudo-random bytes.
+fn payload(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn echo_messages_and_clean_close() {
+    let listener = Listener::bind(addr(7001)).await.expect("bind");
+    let server = tokio::spawn(async move {
+        let conn = within(60, "accept", listener.accept())
+            .await
+            .expect("accept");
+        let mut n = 0;
+        while let Some(msg) = conn.recv().await.expect("server recv") {
+            conn.send(&msg).await.expect("echo");
+            n += 1;
+        }
+        // The client closed: our recv saw end-of-stream after every message.
+        (n, conn.stats())
+    });
+    let conn = within(60, "connect", Connection::connect(addr(7001)))
+        .await
+        .expect("connect");
+    let p = *conn.params();
+    println!("negotiated: {p:?}");
+    for (i, len) in [0usize, 1, 100, 4096, 65536, 65537, 300_000, 1 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let data = payload(i as u64, len);
+        within(60, "send", conn.send(&data)).await.expect("send");
+        let back = within(60, "recv", conn.recv())
+            .await
+            .expect("recv")
+            .expect("not EOF");
+        assert_eq!(back.len(), len);
+        assert!(back[..] == data[..], "echo of {len} bytes");
+    }
+    let stats = conn.stats();
+    within(60, "close", conn.close()).await.expect("close");
+    let (n, server_stats) = within(60, "server", server).await.unwrap();
+    assert_eq!(n, 8);
+    println!("client {stats:?}\nserver {server_stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn sixty_four_connections_exchange_random_messages_without_rnr() {
+    common::init_tracing();
+    let conns: usize = std::env::var("TOKIO_RDMA_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let per_conn: usize = std::env::var("TOKIO_RDMA_CONN_MSGS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let rnr_before = rnr_counters();
+    // Small receive queues so that flow control is exercised constantly.
+    // The listener completes one handshake at a time: the last of 64 clients waits for all.
+    let opts = ConnectOptions::default()
+        .recv_credits(8)
+        .recv_buf_size(16 << 10)
+        .max_message_size(1 << 20)
+        .connect_timeout(Duration::from_secs(300));
+    let listener = Arc::new(
+        Listener::bind_with(addr(7002), opts.clone())
+            .await
+            .expect("bind"),
+    );
+    let started = Instant::now();
+    let server = {
+        let listener = listener.clone();
+        tokio::spawn(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..conns {
+                let conn = within(120, "accept", listener.accept())
+                    .await
+                    .expect("accept");
+                tasks.spawn(async move {
+                    let mut n = 0u64;
+                    while let Some(msg) = conn.recv().await.expect("server recv") {
+                        conn.send(&msg).await.expect("echo");
+                        n += 1;
+                    }
+                    (n, conn.stats())
+                });
+            }
+            let mut total = 0;
+            let mut waits = 0;
+            while let Some(r) = tasks.join_next().await {
+                let (n, s) = r.unwrap();
+                total += n;
+                waits += s.credit_waits;
+            }
+            (total, waits)
+        })
+    };
+    let mut clients = tokio::task::JoinSet::new();
+    for c in 0..conns {
+        let opts = opts.clone();
+        clients.spawn(async move {
+            let conn = Connection::connect_with(addr(7002), opts)
+                .await
+                .expect("connect");
+            let mut bytes = 0u64;
+            let mut seed = c as u64 * 1_000_003 + 1;
+            for i in 0..per_conn {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Random sizes from 1 B to 1 MiB, log-uniform within three bands so the total
+                // stays within what soft-RoCE under emulation moves in minutes: mostly up to
+                // 4 KiB, some up to 64 KiB, a few up to 1 MiB; every connection also sends
+                // exactly 1 B and exactly 1 MiB.
+                let r = (seed >> 33) % 1000;
+                let max_bits = if r < 950 {
+                    12
+                } else if r < 995 {
+                    16
+                } else {
+                    20
+                };
+                let bits = ((seed >> 17) % (max_bits + 1)) as u32;
+                let len = match i {
+                    0 => 1,
+                    1 => 1 << 20,
+                    _ => ((1usize << bits) + (seed as usize >> 7) % (1usize << bits))
+                        .clamp(1, 1 << 20),
+                };
+                let data = payload(seed, len);
+                conn.send(&data)
+                    .await
+                    .unwrap_or_else(|e| panic!("conn {c} send {i}: {e}"));
+                let back = conn.recv().await.expect("recv").expect("not EOF");
+                assert!(
+                    back[..] == data[..],
+                    "conn {c} message {i} ({len} bytes) corrupted"
+                );
+                bytes += len as u64;
+            }
+            let stats = conn.stats();
+            conn.close().await.expect("close");
+            (bytes, stats)
+        });
+    }
+    let mut bytes = 0;
+    let mut messages = 0;
+    let mut credit_waits = 0;
+    while let Some(r) = within(1800, "clients", clients.join_next()).await {
+        let (b, s) = r.unwrap();
+        bytes += b;
+        messages += s.messages_received;
+        credit_waits += s.credit_waits;
+    }
+    let (echoed, server_waits) = within(120, "server", server).await.unwrap();
+    assert_eq!(messages as usize, conns * per_conn);
+    assert_eq!(echoed as usize, conns * per_conn);
+    let rnr_after = rnr_counters();
+    println!(
+        "{conns} connections x {per_conn} messages ({bytes} bytes each way) echoed and verified in {:?}; credit waits: clients {credit_waits}, server {server_waits}; rxe RNR counters before {rnr_before:?} after {rnr_after:?}",
+        started.elapsed()
+    );
+    if let (Some(a), Some(b)) = (rnr_before, rnr_after) {
+        assert_eq!(
+            a, b,
+            "RNR NAKs happened: flow control let a send overrun the receiver"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn byte_stream_with_codec_style_io() {
+    let listener = Listener::bind(addr(7003)).await.expect("bind");
+    let server = tokio::spawn(async move {
+        let mut s = listener.accept().await.expect("accept").into_stream();
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).await.expect("read to end");
+        s.write_all(&(all.len() as u64).to_be_bytes())
+            .await
+            .unwrap();
+        s.shutdown().await.unwrap();
+        all
+    });
+    let mut s = Connection::connect(addr(7003))
+        .await
+        .expect("connect")
+        .into_stream();
+    let data = payload(42, 200_000);
+    for part in data.chunks(7_777) {
+        s.write_all(part).await.unwrap();
+    }
+    s.flush().await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut len = [0u8; 8];
+    s.read_exact(&mut len).await.unwrap();
+    assert_eq!(u64::from_be_bytes(len), 200_000);
+    let mut rest = Vec::new();
+    assert_eq!(
+        s.read_to_end(&mut rest).await.unwrap(),
+        0,
+        "EOF after the server's shutdown"
+    );
+    let got = within(60, "server", server).await.unwrap();
+    assert!(got == data, "stream bytes in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn one_sided_io_with_an_exchanged_grant() {
+    use tokio_rdma::buf::{Grant, RemoteAccess};
+    let listener = Listener::bind(addr(7004)).await.expect("bind");
+    let server = tokio::spawn(async move {
+        let conn = listener.accept().await.expect("accept");
+        // Grant a 64 KiB region, readable and writable, and send the token.
+        let buf = conn.pool().acquire(65536).await.unwrap();
+        let mut grant = Grant::region(
+            conn.qp().verbs().pd(),
+            buf,
+            0..65536,
+            RemoteAccess::READ | RemoteAccess::WRITE,
+        )
+        .expect("grant");
+        grant.write_at(0, &payload(7, 65536));
+        conn.send(&grant.token().to_bytes()).await.unwrap();
+        // Wait for the client's "done", then check what it wrote.
+        let done = conn.recv().await.unwrap().unwrap();
+        assert_eq!(&done[..], b"done");
+        let mut got = vec![0u8; 4096];
+        grant.read_at(1000, &mut got);
+        assert!(
+            got == payload(8, 4096),
+            "the client's RDMA WRITE is visible"
+        );
+        conn.send(b"ok").await.unwrap();
+        let _ = conn.recv().await;
+    });
+    let conn = Connection::connect(addr(7004)).await.expect("connect");
+    let token = RemoteToken::from_bytes(&conn.recv().await.unwrap().unwrap()).unwrap();
+    let local = conn.pool().acquire(4096).await.unwrap();
+    let (res, local) = conn.read(local, token.slice(0..4096).unwrap()).await;
+    res.unwrap();
+    assert!(
+        local[..] == payload(7, 65536)[..4096],
+        "RDMA READ of the granted region"
+    );
+    let mut local = local;
+    local.copy_from_slice(&payload(8, 4096));
+    let (res, _local) = conn.write(local, token.slice(1000..5096).unwrap()).await;
+    res.unwrap();
+    conn.send(b"done").await.unwrap();
+    assert_eq!(&conn.recv().await.unwrap().unwrap()[..], b"ok");
+    // Outside the grant: rejected before posting (the token cannot be widened).
+    assert!(token.slice(60_000..70_000).is_err());
+    conn.close().await.unwrap();
+    within(60, "server", server).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn peer_closing_mid_stream_fails_pending_ops_and_frees_buffers() {
+    let listener = Listener::bind(addr(7005)).await.expect("bind");
+    let server = tokio::spawn(async move {
+        let conn = listener.accept().await.expect("accept");
+        // Read one message then vanish abruptly (drop without reading the rest).
+        let _ = conn.recv().await;
+        drop(conn);
+    });
+    let opts = ConnectOptions::default()
+        .recv_credits(4)
+        .recv_buf_size(4096);
+    let conn = Arc::new(
+        Connection::connect_with(addr(7005), opts)
+            .await
+            .expect("connect"),
+    );
+    conn.send(b"first").await.unwrap();
+    within(60, "server", server).await.unwrap();
+    // Pending receive and a stream of sends: all resolve with an error in bounded time.
+    let started = Instant::now();
+    let rconn = conn.clone();
+    let pending_recv = tokio::spawn(async move { rconn.recv().await });
+    let mut sends = 0;
+    let err = loop {
+        match within(60, "send after peer close", conn.send(&[0u8; 1000])).await {
+            Ok(()) => sends += 1,
+            Err(e) => break e,
+        }
+        assert!(sends < 100_000, "sends keep succeeding after the peer left");
+    };
+    let recv_result = within(60, "pending recv", pending_recv).await.unwrap();
+    println!(
+        "after the peer closed: {sends} sends accepted, then {err}; pending recv -> {recv_result:?}; in {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(recv_result, Ok(None) | Err(_)));
+    // No buffer leaks: the pool's in-use count returns to zero once everything resolved.
+    drop(recv_result);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = conn.pool().metrics();
+        if m.bytes_in_use == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pool buffers leaked: {m:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn malformed_handshakes_are_rejected_and_the_listener_keeps_serving() {
+    use tokio_rdma::verbs::{CmEventKind, ConnParam, EventChannel, QpInitAttr, QueuePair};
+    let listener = Arc::new(Listener::bind(addr(7006)).await.expect("bind"));
+    let l2 = listener.clone();
+    let server = tokio::spawn(async move {
+        // A first, well-formed client that leaves at once.
+        let first = within(120, "accept", l2.accept())
+            .await
+            .expect("accept the first client");
+        assert!(
+            first.recv().await.unwrap().is_none(),
+            "the first client closed"
+        );
+        // Then the bad ones are refused inside accept(), which returns the next good client.
+        let conn = within(300, "accept", l2.accept())
+            .await
+            .expect("accept a good client after bad ones");
+        assert_eq!(&conn.recv().await.unwrap().unwrap()[..], b"good");
+    });
+    let good = Connection::connect(addr(7006))
+        .await
+        .expect("first connect");
+    good.close().await.unwrap();
+    let valid = tokio_rdma::conn::handshake::Params::default()
+        .encode()
+        .unwrap();
+    let mut wrong_version = valid;
+    wrong_version[4] = 99; // the version byte
+    let mut absurd = valid;
+    absurd[8..12].copy_from_slice(&0u32.to_be_bytes()); // zero receive credits
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", valid[..10].to_vec()),
+        ("wrong version", wrong_version.to_vec()),
+        ("absurd sizes", absurd.to_vec()),
+        ("garbage", b"GET / HTTP/1.1\r\n".to_vec()),
+    ];
+    // A raw CM client (verbs level) sends each bad handshake.
+    for (what, data) in &cases {
+        let ch = EventChannel::new().unwrap();
+        let id = ch.create_id().unwrap();
+        id.resolve_addr(None, addr(7006), 5000).unwrap();
+        ch.wait_event(Duration::from_secs(30))
+            .unwrap()
+            .unwrap()
+            .expect(CmEventKind::AddrResolved)
+            .unwrap();
+        id.resolve_route(5000).unwrap();
+        ch.wait_event(Duration::from_secs(30))
+            .unwrap()
+            .unwrap()
+            .expect(CmEventKind::RouteResolved)
+            .unwrap();
+        let ctx = tokio_rdma::verbs::Context::from_cm_id(&id).unwrap();
+        let pd = tokio_rdma::verbs::ProtectionDomain::new(&ctx).unwrap();
+        let cq = tokio_rdma::verbs::CompletionQueue::new(&ctx, 16, None).unwrap();
+        let qp = QueuePair::new_rc(&pd, &QpInitAttr::new(&cq, &cq)).unwrap();
+        id.modify_qp(&qp, tokio_rdma::verbs::QpState::Init).unwrap();
+        id.connect(&ConnParam::new(&qp).private_data(data)).unwrap();
+        let ev = tokio::task::block_in_place(|| ch.wait_event(Duration::from_secs(30)))
+            .unwrap()
+            .unwrap();
+        let err = ev.expect(CmEventKind::ConnectResponse).unwrap_err();
+        let text = err.to_string();
+        println!("{what}: client sees: {text}");
+        assert!(
+            matches!(err, tokio_rdma::Error::ConnectionRejected { .. }),
+            "{what}: {text}"
+        );
+        let io: std::io::Error = err.into();
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+    }
+    // A well-formed client is still served.
+    let conn = within(60, "good connect", Connection::connect(addr(7006)))
+        .await
+        .expect("connect after bad ones");
+    conn.send(b"good").await.unwrap();
+    within(60, "server", server).await.unwrap();
+    assert!(
+        listener.rejected() >= cases.len() as u64,
+        "rejected {}",
+        listener.rejected()
+    );
+    conn.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn chunked_messages_one_connection() {
+    let opts = ConnectOptions::default()
+        .recv_credits(8)
+        .recv_buf_size(16 << 10)
+        .max_message_size(1 << 20);
+    let listener = Listener::bind_with(addr(7007), opts.clone())
+        .await
+        .expect("bind");
+    let server = tokio::spawn(async move {
+        let conn = listener.accept().await.expect("accept");
+        while let Some(msg) = conn.recv().await.expect("server recv") {
+            conn.send(&msg).await.expect("echo");
+        }
+    });
+    let conn = Connection::connect_with(addr(7007), opts)
+        .await
+        .expect("connect");
+    for i in 0..40u64 {
+        let len = [100_000usize, 1 << 20, 16 << 10, (16 << 10) + 1, 5][i as usize % 5];
+        let data = payload(i, len);
+        conn.send(&data).await.unwrap();
+        let back = conn.recv().await.unwrap().unwrap();
+        assert_eq!(back.len(), len, "message {i}");
+        assert!(back[..] == data[..], "message {i}");
+    }
+    conn.close().await.unwrap();
+    within(60, "server", server).await.unwrap();
+}
