@@ -469,3 +469,86 @@ async fn chunked_messages_one_connection() {
     conn.close().await.unwrap();
     within(60, "server", server).await.unwrap();
 }
+
+/// Not a test on its own: the peer process of `killed_peer_fails_pending_ops_in_bounded_time`
+/// (does nothing unless `TOKIO_RDMA_PEER_ADDR` is set).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn peer_process_helper() {
+    let Ok(a) = std::env::var("TOKIO_RDMA_PEER_ADDR") else {
+        return;
+    };
+    let opts = ConnectOptions::default()
+        .recv_credits(2)
+        .recv_buf_size(4096);
+    let conn = Connection::connect_with(a.parse().unwrap(), opts)
+        .await
+        .expect("peer connect");
+    conn.send(b"hello from the peer").await.unwrap();
+    // Stay connected, never read again, until killed.
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn killed_peer_fails_pending_ops_in_bounded_time() {
+    let a = addr(7008);
+    let opts = ConnectOptions::default()
+        .recv_credits(4)
+        .recv_buf_size(4096);
+    let listener = Listener::bind_with(a, opts).await.expect("bind");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "peer_process_helper", "--nocapture"])
+        .env("TOKIO_RDMA_PEER_ADDR", a.to_string())
+        .spawn()
+        .expect("spawn the peer process");
+    let conn = Arc::new(
+        within(120, "accept", listener.accept())
+            .await
+            .expect("accept"),
+    );
+    assert_eq!(
+        &conn.recv().await.unwrap().unwrap()[..],
+        b"hello from the peer"
+    );
+    // A pending receive, and a sender that keeps sending (the peer never reads: once its
+    // buffers are full it stops granting credits and the sender waits).
+    let rconn = conn.clone();
+    let pending_recv = tokio::spawn(async move { rconn.recv().await });
+    let sconn = conn.clone();
+    let sender = tokio::spawn(async move {
+        let mut sent = 0u64;
+        loop {
+            match sconn.send(&[7u8; 1000]).await {
+                Ok(()) => sent += 1,
+                Err(e) => return (sent, e),
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    child.kill().expect("kill the peer");
+    let _ = child.wait();
+    let killed = Instant::now();
+    let recv = within(120, "pending recv after kill", pending_recv)
+        .await
+        .unwrap();
+    assert!(
+        recv.is_err(),
+        "a pending receive fails when the peer is killed: {recv:?}"
+    );
+    let (sent, err) = within(120, "sender after kill", sender).await.unwrap();
+    println!(
+        "peer killed: pending recv -> {:?}; sender stopped after {sent} messages with: {err}; all within {:?}",
+        recv.unwrap_err(),
+        killed.elapsed()
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while conn.pool().metrics().bytes_in_use != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "pool buffers leaked: {:?}",
+            conn.pool().metrics()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
