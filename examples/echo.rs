@@ -12,7 +12,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::Instant;
 
 use common::Role;
 use tokio_rdma::conn::{Connection, Listener};
@@ -54,16 +53,8 @@ async fn run_client(addr: SocketAddr, id: usize, messages: usize) -> tokio_rdma:
 }
 
 async fn clients(addr: SocketAddr, n: usize, messages: usize) -> tokio_rdma::Result<()> {
-    let start = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for id in 0..n {
-        set.spawn(run_client(addr, id, messages));
-    }
-    let mut bytes = 0;
-    while let Some(r) = set.join_next().await {
-        bytes += r.expect("client task")?;
-    }
-    let secs = start.elapsed().as_secs_f64();
+    let (secs, bytes) = common::run_clients(n, |id| run_client(addr, id, messages)).await?;
+    let bytes: u64 = bytes.iter().sum();
     println!(
         "echo: {n} clients x {messages} messages verified in {secs:.2} s: {:.0} msg/s, {:.2} MB/s each way",
         (n * messages) as f64 / secs,

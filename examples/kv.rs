@@ -12,7 +12,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::Instant;
 
 use common::Role;
 use tokio_rdma::buf::{Grant, RemoteAccess, RemoteToken};
@@ -85,15 +84,7 @@ async fn run_client(addr: SocketAddr, id: usize, lookups: usize) -> tokio_rdma::
 }
 
 async fn clients(addr: SocketAddr, n: usize, lookups: usize) -> tokio_rdma::Result<()> {
-    let start = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for id in 0..n {
-        set.spawn(run_client(addr, id, lookups));
-    }
-    while let Some(r) = set.join_next().await {
-        r.expect("client task")?;
-    }
-    let secs = start.elapsed().as_secs_f64();
+    let (secs, _) = common::run_clients(n, |id| run_client(addr, id, lookups)).await?;
     println!(
         "kv: {n} clients x {lookups} RDMA READ lookups of {VALUE} bytes verified in {secs:.2} s: {:.0} lookups/s",
         (n * lookups) as f64 / secs

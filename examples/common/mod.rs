@@ -83,3 +83,23 @@ pub fn latency_table(title: &str, size: usize, samples: &mut [Duration]) {
     row("round trip", 1.0);
     row("half round trip (perftest's definition)", 2.0);
 }
+
+/// Runs `n` clients concurrently (`client(id)`), failing on the first error, and returns the
+/// elapsed seconds and the clients' results.
+pub async fn run_clients<F, Fut, T>(n: usize, client: F) -> tokio_rdma::Result<(f64, Vec<T>)>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = tokio_rdma::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let start = std::time::Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for id in 0..n {
+        set.spawn(client(id));
+    }
+    let mut out = Vec::with_capacity(n);
+    while let Some(r) = set.join_next().await {
+        out.push(r.expect("client task")?);
+    }
+    Ok((start.elapsed().as_secs_f64(), out))
+}

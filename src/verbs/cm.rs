@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 
 use super::cm_addr::{self, RawAddr};
 use super::cm_event::CmEvent;
-use super::cm_qp::{CmQpAttr, qp_state_to_raw};
+use super::cm_qp::CmQpAttr;
 use super::context::Context;
 use super::qp::{QpState, QueuePair};
 use super::types::AccessFlags;
@@ -682,7 +682,7 @@ impl CmId {
     /// [`Error::InitQpAttr`] with the errno (`EINVAL` when the id is not far enough along).
     pub fn init_qp_attr(&self, to: QpState) -> Result<CmQpAttr> {
         let mut attr = sys::ibv_qp_attr {
-            qp_state: qp_state_to_raw(to),
+            qp_state: to.to_raw(),
             ..Default::default()
         };
         let mut mask: i32 = 0;

@@ -35,7 +35,7 @@ const ACCESS_BITS: [AccessFlags; 5] = [
 impl CmQpAttr {
     /// The target state.
     pub fn state(&self) -> QpState {
-        qp_state_from_raw(self.attr.qp_state)
+        QpState::from_raw(self.attr.qp_state)
     }
 
     fn has(&self, bit: u32) -> bool {
@@ -140,7 +140,7 @@ impl QueuePair {
 
     /// `ibv_modify_qp` with a raw attribute and mask (e.g. from `rdma_init_qp_attr`).
     pub(crate) fn modify_raw(&self, attr: &mut sys::ibv_qp_attr, mask: i32) -> Result<()> {
-        let to = qp_state_from_raw(attr.qp_state);
+        let to = QpState::from_raw(attr.qp_state);
         // SAFETY: the QP is alive; `attr` is a fully initialised attribute whose fields named
         // in `mask` were set (by rdma_init_qp_attr or the caller). ibv_modify_qp returns its
         // error code directly.
@@ -150,32 +150,6 @@ impl QueuePair {
         }
         tracing::trace!(qpn = self.qpn(), state = ?to, mask = format_args!("{mask:#x}"), "queue pair transition (RDMA CM attributes)");
         Ok(())
-    }
-}
-
-pub(super) fn qp_state_to_raw(state: QpState) -> u32 {
-    match state {
-        QpState::Reset => sys::IBV_QPS_RESET,
-        QpState::Init => sys::IBV_QPS_INIT,
-        QpState::Rtr => sys::IBV_QPS_RTR,
-        QpState::Rts => sys::IBV_QPS_RTS,
-        QpState::Sqd => sys::IBV_QPS_SQD,
-        QpState::Sqe => sys::IBV_QPS_SQE,
-        QpState::Err => sys::IBV_QPS_ERR,
-        QpState::Unknown(raw) => raw,
-    }
-}
-
-pub(super) fn qp_state_from_raw(raw: u32) -> QpState {
-    match raw {
-        sys::IBV_QPS_RESET => QpState::Reset,
-        sys::IBV_QPS_INIT => QpState::Init,
-        sys::IBV_QPS_RTR => QpState::Rtr,
-        sys::IBV_QPS_RTS => QpState::Rts,
-        sys::IBV_QPS_SQD => QpState::Sqd,
-        sys::IBV_QPS_SQE => QpState::Sqe,
-        sys::IBV_QPS_ERR => QpState::Err,
-        other => QpState::Unknown(other),
     }
 }
 
@@ -195,7 +169,7 @@ mod tests {
             QpState::Err,
             QpState::Unknown(77),
         ] {
-            assert_eq!(qp_state_from_raw(qp_state_to_raw(s)), s);
+            assert_eq!(QpState::from_raw(QpState::to_raw(s)), s);
         }
     }
 

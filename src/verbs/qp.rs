@@ -35,7 +35,7 @@ pub enum QpState {
 }
 
 impl QpState {
-    fn to_raw(self) -> u32 {
+    pub(crate) fn to_raw(self) -> u32 {
         match self {
             QpState::Reset => sys::IBV_QPS_RESET,
             QpState::Init => sys::IBV_QPS_INIT,
@@ -48,7 +48,7 @@ impl QpState {
         }
     }
 
-    fn from_raw(raw: u32) -> QpState {
+    pub(crate) fn from_raw(raw: u32) -> QpState {
         match raw {
             sys::IBV_QPS_RESET => QpState::Reset,
             sys::IBV_QPS_INIT => QpState::Init,
