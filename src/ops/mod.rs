@@ -1,7 +1,7 @@
 //! Operations as futures, one file per kind. Each takes its buffers by value and resolves to
 //! `(Result<T>, B)`: the buffers always come back, success or failure.
 //!
-//! Every operation is built on [`RawOp`], which implements the common rules:
+//! Every operation is built on one internal engine (`RawOp`), which implements the common rules:
 //!
 //! * **post on first poll**: constructing the future does nothing; a future that is never polled
 //!   posts nothing and simply drops its buffers;
