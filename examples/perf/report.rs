@@ -270,46 +270,32 @@ pub fn read_samples(path: &str) -> Result<Vec<f64>, String> {
     Ok(v)
 }
 
-fn nice_step(range: f64, ticks: f64) -> f64 {
-    let raw = range / ticks;
-    let mag = 10f64.powf(raw.log10().floor());
-    let norm = raw / mag;
-    mag * if norm < 1.5 {
-        1.0
-    } else if norm < 3.5 {
-        2.0
-    } else if norm < 7.5 {
-        5.0
-    } else {
-        10.0
-    }
-}
-
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
 
-/// An SVG plot of the empirical CDFs of `series` (name, sorted samples in microseconds). The x
-/// axis ends a little past the largest p99.9, so a few extreme samples do not squash the plot.
+/// An SVG plot of the empirical CDFs of `series` (name, sorted samples in microseconds), on a
+/// logarithmic latency axis so that the body (tens of microseconds) and the tail (milliseconds)
+/// both show.
 pub fn svg_cdf(title: &str, series: &[(String, Vec<f64>)]) -> String {
-    const W: f64 = 760.0;
-    const H: f64 = 440.0;
+    const W: f64 = 960.0;
+    const H: f64 = 480.0;
     let (l, r, t, b) = (70.0, 20.0, 40.0, 60.0);
     let (pw, ph) = (W - l - r, H - t - b);
     let lo = series
         .iter()
         .filter_map(|(_, s)| s.first().copied())
-        .fold(f64::INFINITY, f64::min);
+        .fold(f64::INFINITY, f64::min)
+        .max(1e-3);
     let hi = series
         .iter()
-        .map(|(_, s)| pct(s, 99.9))
-        .fold(0.0f64, f64::max);
-    let step = nice_step((hi - lo).max(1e-3), 8.0);
-    let x0 = (lo / step).floor() * step;
-    let x1 = ((hi * 1.05) / step).ceil() * step;
-    let sx = |x: f64| l + (x.clamp(x0, x1) - x0) / (x1 - x0) * pw;
+        .filter_map(|(_, s)| s.last().copied())
+        .fold(0.0f64, f64::max)
+        .max(lo * 10.0);
+    let (d0, d1) = (lo.log10().floor(), hi.log10().ceil());
+    let sx = |x: f64| l + (x.max(1e-3).log10().clamp(d0, d1) - d0) / (d1 - d0) * pw;
     let sy = |p: f64| t + ph - p * ph;
     let colors = [
         "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
@@ -326,29 +312,41 @@ pub fn svg_cdf(title: &str, series: &[(String, Vec<f64>)]) -> String {
         W / 2.0,
         esc(title)
     );
-    // Grid and ticks.
-    let mut x = x0;
-    while x <= x1 + step / 2.0 {
-        let px = sx(x);
-        let _ = writeln!(
-            o,
-            r##"<line x1="{px:.1}" y1="{t}" x2="{px:.1}" y2="{}" stroke="#ddd"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
-            t + ph,
-            t + ph + 16.0,
-            if step < 1.0 {
-                format!("{x:.1}")
-            } else {
-                format!("{x:.0}")
+    // Grid: decades labelled, 2x and 5x lines light.
+    let mut d = d0;
+    while d <= d1 + 1e-9 {
+        for (m, label) in [(1.0, true), (2.0, false), (5.0, false)] {
+            let x = m * 10f64.powf(d);
+            if x.log10() > d1 + 1e-9 {
+                continue;
             }
-        );
-        x += step;
+            let px = sx(x);
+            let stroke = if label { "#bbb" } else { "#e4e4e4" };
+            let _ = writeln!(
+                o,
+                r#"<line x1="{px:.1}" y1="{t}" x2="{px:.1}" y2="{}" stroke="{stroke}"/>"#,
+                t + ph
+            );
+            let text = if x >= 1.0 {
+                format!("{x:.0}")
+            } else {
+                format!("{x}")
+            };
+            let _ = writeln!(
+                o,
+                r#"<text x="{px:.1}" y="{}" text-anchor="middle" fill="{}">{text}</text>"#,
+                t + ph + 16.0,
+                if label { "#000" } else { "#888" }
+            );
+        }
+        d += 1.0;
     }
     for i in 0..=10 {
         let p = i as f64 / 10.0;
         let py = sy(p);
         let _ = writeln!(
             o,
-            r##"<line x1="{l}" y1="{py:.1}" x2="{}" y2="{py:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}%</text>"##,
+            r##"<line x1="{l}" y1="{py:.1}" x2="{}" y2="{py:.1}" stroke="#e4e4e4"/><text x="{}" y="{:.1}" text-anchor="end">{}%</text>"##,
             l + pw,
             l - 6.0,
             py + 4.0,
@@ -361,7 +359,7 @@ pub fn svg_cdf(title: &str, series: &[(String, Vec<f64>)]) -> String {
     );
     let _ = writeln!(
         o,
-        r#"<text x="{}" y="{}" text-anchor="middle">latency [us] (axis ends past the largest p99.9)</text>"#,
+        r#"<text x="{}" y="{}" text-anchor="middle">latency [us], logarithmic</text>"#,
         l + pw / 2.0,
         H - 18.0
     );
@@ -374,7 +372,7 @@ pub fn svg_cdf(title: &str, series: &[(String, Vec<f64>)]) -> String {
     for (i, (name, s)) in series.iter().enumerate() {
         let c = colors[i % colors.len()];
         let n = s.len();
-        let stride = (n / 1500).max(1);
+        let stride = (n / 500).max(1);
         let mut pts = String::new();
         let mut prev_p = 0.0;
         for (j, &v) in s.iter().enumerate() {
@@ -396,13 +394,14 @@ pub fn svg_cdf(title: &str, series: &[(String, Vec<f64>)]) -> String {
             o,
             r#"<polyline fill="none" stroke="{c}" stroke-width="1.8" points="{pts}"/>"#
         );
-        let ly = t + 16.0 + i as f64 * 18.0;
+        // Legend in the lower right, where CDFs have no points.
+        let lx = l + pw - 420.0;
+        let ly = t + ph - 18.0 * (series.len() - i) as f64;
         let _ = writeln!(
             o,
-            r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="3"/><text x="{}" y="{}">{} (p50 {:.1}, p99 {:.1} us, n={n})</text>"#,
-            l + pw - 330.0,
-            l + pw - 305.0,
-            l + pw - 298.0,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="3"/><text x="{}" y="{}">{} (p50 {:.1}, p99 {:.1} us, n={n})</text>"#,
+            lx + 24.0,
+            lx + 30.0,
             ly + 4.0,
             esc(name),
             median(s),

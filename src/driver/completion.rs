@@ -168,6 +168,12 @@ impl Poller<'_> {
                 }
             };
             let n = wcs.len();
+            if n == 0 {
+                // An empty poll touches nothing else: no lock, no wakeups (the spin loop runs
+                // this path most of the time). Closing queue pairs are reaped separately.
+                self.reap_if_closing();
+                break;
+            }
             {
                 let mut st = shared.lock();
                 for wc in wcs {
@@ -180,7 +186,9 @@ impl Poller<'_> {
                     st.post(shared, qp, &mut self.out);
                 }
                 st.apply_failures(&mut self.out);
-                st.reap_closed(&mut self.reaped);
+                if shared.closing.load(Ordering::Acquire) {
+                    st.reap_closed(&mut self.reaped);
+                }
             }
             if self.out.unknown > 0 {
                 warn!(
@@ -196,7 +204,9 @@ impl Poller<'_> {
             Shared::finish(&mut self.out);
             shared.drained.notify_waiters();
             // Destroy reaped queue pairs outside the lock.
-            shared.release(&mut self.reaped);
+            if !self.reaped.is_empty() {
+                shared.release(&mut self.reaped);
+            }
             total += n;
             shared
                 .counters
@@ -207,6 +217,25 @@ impl Poller<'_> {
             }
         }
         total
+    }
+
+    /// Reaps drained closing queue pairs (only when some queue pair is closing).
+    fn reap_if_closing(&mut self) {
+        let shared = self.shared;
+        if !shared.closing.load(Ordering::Acquire) {
+            return;
+        }
+        {
+            let mut st = shared.lock();
+            st.reap_closed(&mut self.reaped);
+            if !st.qps.iter().flatten().any(|e| e.closing) {
+                shared.closing.store(false, Ordering::Release);
+            }
+        }
+        shared.drained.notify_waiters();
+        if !self.reaped.is_empty() {
+            shared.release(&mut self.reaped);
+        }
     }
 
     /// Shut down and nothing left in flight.

@@ -244,6 +244,9 @@ impl Drop for AsyncQp {
             if let Some(Some(e)) = st.qps.get_mut(self.key.index()) {
                 e.closing = true;
             }
+            self.shared()
+                .closing
+                .store(true, std::sync::atomic::Ordering::Release);
         }
         Shared::finish(&mut out);
         // The completion task reaps the queue pair once the device has flushed it.

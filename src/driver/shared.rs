@@ -55,6 +55,8 @@ pub(crate) struct Shared {
     /// Signalled after every pass of the completion task (for `close` waiting for a drain).
     pub(crate) drained: Notify,
     pub(crate) shutdown: AtomicBool,
+    /// Some queue pair is closing: the completion task reaps it once drained.
+    pub(crate) closing: AtomicBool,
     pub(crate) counters: Counters,
     /// Sum of the depths of the registered queue pairs (bounded by the CQ size).
     pub(crate) cq_budget: Mutex<u64>,
@@ -73,6 +75,7 @@ impl Shared {
             notify_events: Notify::new(),
             drained: Notify::new(),
             shutdown: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             counters: Counters::default(),
             cq_budget: Mutex::new(0),
         }
