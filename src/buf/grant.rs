@@ -328,10 +328,9 @@ impl<B: GrantBuf> Grant<B> {
         };
         let mw = MemoryWindow::alloc_type2(qp.pd())?;
         let addr = ptr as u64 + range.start as u64;
-        // SAFETY: `mw`, `mr` (owned by `buf`) and `qp` stay alive until `wait` returns the
-        // bind's completion; if it cannot, both are leaked below. Once bound, the window is
-        // deallocated before the buffer is released, and the bytes are never exposed as
-        // references while it lives.
+        // `mw`, `mr` (owned by `buf`) and `qp` stay alive until `wait` returns the bind's
+        // completion (else both are leaked below); the window is deallocated before the buffer
+        // SAFETY: is released, and the bytes are never exposed as references while it lives.
         let rkey =
             unsafe { mw.post_bind(qp, wr_id, mr, addr, range.len() as u64, access.to_flags())? };
         let wc = match wait(wr_id) {

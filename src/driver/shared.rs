@@ -210,10 +210,9 @@ fn post_sends(qp: &QueuePair, items: &[PostItem]) -> Result<(), (usize, i32)> {
             fence: false,
         })
         .collect();
-    // SAFETY: every SGE names memory owned by a payload parked in the operation table, which
-    // keeps it alive and untouched until the request's completion (or retirement by a later
-    // signaled completion) has been applied by the core; the lkeys come from registrations
-    // that the payload keeps alive as well.
+    // The SGEs name memory owned by payloads parked in the operation table until the core
+    // applies each request's completion (or its retirement by a later signaled completion);
+    // SAFETY: so it stays allocated, registered (the payload keeps the lkey's MR) and unused.
     match unsafe { qp.post_send(&wrs) } {
         Ok(()) => Ok(()),
         Err(e) => Err(post_error(e)),

@@ -795,10 +795,9 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
-        // SAFETY: the id is owned and destroyed exactly once. No librdmacm QP is attached
-        // (ours are separate objects), and every event of this id that was read has been
-        // acknowledged, so the call does not wait on us. The channel outlives the id because
-        // we hold a clone until after this call.
+        // Owned, destroyed once; no librdmacm QP is attached (ours are separate objects) and
+        // every event read was acked, so this does not wait on us; the channel outlives it
+        // SAFETY: (we hold a clone until after this call).
         let rc = unsafe { sys::rdma_destroy_id(self.id.as_ptr()) };
         if rc != 0 {
             tracing::warn!(error = %io::Error::last_os_error(), "rdma_destroy_id failed");

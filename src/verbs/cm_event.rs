@@ -182,9 +182,8 @@ impl CmEvent {
         let (local_addr, peer_addr) = if ev.id.is_null() {
             (None, None)
         } else {
-            // SAFETY: the id is alive: ours (its destruction waits for this event's ack) or
-            // the new id of a connection request. The returned pointers address its route's
-            // sockaddr_storage-sized fields.
+            // The id is alive (ours, whose destruction waits for this event's ack, or the new
+            // SAFETY: id of a request); the pointers address its route's sockaddr_storage fields.
             unsafe {
                 (
                     cm_addr::from_raw(sys::rdma_get_local_addr(ev.id)),

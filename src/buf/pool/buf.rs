@@ -134,9 +134,9 @@ impl PoolBuf {
 impl Deref for PoolBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `len <= capacity` bytes of initialised pool memory owned by this buffer. The
-        // registration is LOCAL_WRITE only, so only work requests posted by the owner (under
-        // the unsafe posting contract, or an op that holds the buffer by value) write it.
+        // `len <= capacity` initialised bytes owned by this buffer; the registration is
+        // LOCAL_WRITE only, so only work the owner posts (an op holding the buffer by value,
+        // SAFETY: or under the unsafe posting contract) writes it.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
