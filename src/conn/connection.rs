@@ -439,6 +439,9 @@ async fn connect_inner(
 ) -> Result<Connection> {
     let channel = AsyncChannel::new(EventChannel::new()?)?;
     let id = Arc::new(channel.channel().create_id()?);
+    if let Some(t) = opts.ack_timeout {
+        id.set_ack_timeout(t)?;
+    }
     let ms = u32::try_from(opts.connect_timeout.as_millis())
         .unwrap_or(u32::MAX)
         .max(1000);

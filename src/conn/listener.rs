@@ -155,6 +155,9 @@ impl Listener {
         // The connection gets its own event channel, so its DISCONNECTED goes to its watcher.
         let events = AsyncChannel::new(EventChannel::new()?)?;
         id.migrate(events.channel())?;
+        if let Some(t) = self.opts.ack_timeout {
+            id.set_ack_timeout(t)?;
+        }
         let (prepared, _pd, _driver) = match prepare(&id, &self.opts) {
             Ok(p) => p,
             Err(e) => return Err(reject(&id, e)),

@@ -34,9 +34,10 @@ pub struct ConnectOptions {
     /// Send a keepalive after this much idle time (None: never). A dead peer then fails the
     /// connection once the transport's retries run out.
     pub keepalive: Option<Duration>,
-    /// Local ACK timeout code of the queue pair (4.096 us * 2^n); with 7 retries it bounds how
-    /// long a dead peer goes unnoticed.
-    pub ack_timeout: u8,
+    /// Local ACK timeout code of the queue pair (4.096 us * 2^n; 17 is about 0.5 s); with the
+    /// 7 transport retries it bounds how long a silently dead peer goes unnoticed (about 4 s at
+    /// 17). `None` keeps RDMA CM's value derived from the path (19 on RoCE, about 2 s).
+    pub ack_timeout: Option<u8>,
 }
 
 impl Default for ConnectOptions {
@@ -52,7 +53,7 @@ impl Default for ConnectOptions {
             completion_mode: CompletionMode::default(),
             connect_timeout: Duration::from_secs(30),
             keepalive: Some(Duration::from_secs(10)),
-            ack_timeout: 14,
+            ack_timeout: Some(17),
         }
     }
 }
@@ -90,6 +91,12 @@ impl ConnectOptions {
     /// Sets the keepalive interval.
     pub fn keepalive(mut self, t: Option<Duration>) -> Self {
         self.keepalive = t;
+        self
+    }
+
+    /// Sets the local ACK timeout code (see [`ack_timeout`](Self::ack_timeout)).
+    pub fn ack_timeout(mut self, code: Option<u8>) -> Self {
+        self.ack_timeout = code;
         self
     }
 
