@@ -227,37 +227,55 @@ impl Engine {
         Ok(())
     }
 
-    /// Sends a credit-only message if enough credits are owed and a control credit is free.
-    /// Returns the send future to drive, if one was started.
+    /// Starts a credit-only message returning the owed credits: when enough are owed, or, as a
+    /// keepalive, whenever a control credit is free. Returns the send to drive, if started.
+    /// A failure of the send (e.g. the transport's retries ran out: the peer is gone) fails
+    /// the connection.
     pub(crate) fn credit_message(
         self: &Arc<Self>,
+        keepalive: bool,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        // Before RTS a post would fail the queue pair.
         if !self.ready.load(Ordering::Acquire) {
             return None;
         }
         {
             let mut c = self.credits();
-            if !c.credit_message_due() || !c.try_take_control() {
+            if !(keepalive || c.credit_message_due()) || !c.try_take_control() {
                 return None;
             }
         }
-        let this = self.clone();
         let imm = self.header(MsgKind::Credit);
-        tracing::trace!(returned = imm & 0xffff, "credit message");
+        tracing::trace!(returned = imm & 0xffff, keepalive, "credit message");
         let op = self.qp.send_with_imm(Vec::<u8>::new(), imm);
         self.counters
             .credit_messages
             .fetch_add(1, Ordering::Relaxed);
         self.counters.sends.fetch_add(1, Ordering::Relaxed);
+        let this = self.clone();
         Some(async move {
             let (res, _) = op.await;
             if let Err(e) = res {
-                debug!(error = %e, "credit message failed");
-                if let Error::QpFailed(f) = e {
-                    this.fail(f);
+                if keepalive {
+                    tracing::warn!(error = %e, "keepalive failed: the peer is gone");
+                } else {
+                    debug!(error = %e, "credit message failed");
                 }
+                this.fail_with(&e);
             }
         })
+    }
+
+    /// Fails the connection with the cause carried by an operation's error, if it has one.
+    pub(crate) fn fail_with(&self, e: &Error) {
+        match e {
+            Error::QpFailed(f) => self.fail(f.clone()),
+            Error::WorkCompletion { status, vendor_err } => self.fail(QpFailure::WorkCompletion {
+                status: *status,
+                vendor_err: *vendor_err,
+            }),
+            _ => {}
+        }
     }
 
     /// Sends Close (end of stream) once: later sends fail, the peer's `recv` returns `None`.

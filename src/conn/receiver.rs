@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
-use tracing::{Instrument, debug, trace, warn};
+use tracing::{Instrument, debug, trace};
 
 use super::engine::Engine;
 use crate::buf::PoolBuf;
 use crate::core::{MsgHeader, MsgKind};
-use crate::error::{Error, QpFailure, Result};
+use crate::error::{Error, Result};
 use crate::ops::RecvInfo;
 
 /// What the receive task hands to `Connection::recv`.
@@ -126,13 +126,13 @@ async fn run(
                     // Idle: a keepalive exercises the link; a dead peer makes it fail after
                     // the RC retries, which fails the connection.
                     trace!("keepalive");
-                    side = keepalive_message(&engine).map(|f| Box::pin(f) as _);
+                    side = engine.credit_message(true).map(|f| Box::pin(f) as _);
                 }
                 last_sends = sends;
             }
         }
         if side.is_none() {
-            if let Some(f) = engine.credit_message() {
+            if let Some(f) = engine.credit_message(false) {
                 side = Some(Box::pin(f));
             }
         }
@@ -142,43 +142,6 @@ async fn run(
 fn repost(engine: &Arc<Engine>, posted: &mut VecDeque<RecvOp>, buf: PoolBuf) {
     posted.push_back(submit(engine, buf));
     engine.credits().on_reposted();
-}
-
-/// A credit message used as keepalive (sent even when no credit is owed).
-fn keepalive_message(
-    engine: &Arc<Engine>,
-) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
-    if !engine.ready.load(Ordering::Acquire) {
-        return None;
-    }
-    {
-        let mut c = engine.credits();
-        if !c.try_take_control() {
-            return None;
-        }
-    }
-    let owed = engine.credits().take_owed();
-    let imm = MsgHeader {
-        kind: MsgKind::Credit,
-        credits: owed as u16,
-    }
-    .encode();
-    let op = engine.qp.send_with_imm(Vec::<u8>::new(), imm);
-    engine.counters.sends.fetch_add(1, Ordering::Relaxed);
-    let engine = engine.clone();
-    Some(async move {
-        let (res, _) = op.await;
-        if let Err(e) = res {
-            warn!(error = %e, "keepalive failed: the peer is gone");
-            match e {
-                Error::QpFailed(f) => engine.fail(f),
-                Error::WorkCompletion { status, vendor_err } => {
-                    engine.fail(QpFailure::WorkCompletion { status, vendor_err })
-                }
-                _ => {}
-            }
-        }
-    })
 }
 
 enum Flow {
@@ -196,14 +159,7 @@ fn handle(
     let info = match res {
         Ok(info) => info,
         Err(e) => {
-            if let Error::QpFailed(f) = &e {
-                engine.fail(f.clone());
-            } else if let Error::WorkCompletion { status, vendor_err } = &e {
-                engine.fail(QpFailure::WorkCompletion {
-                    status: *status,
-                    vendor_err: *vendor_err,
-                });
-            }
+            engine.fail_with(&e);
             return Err(e);
         }
     };

@@ -84,10 +84,12 @@ impl<B: std::marker::Send + 'static> RawOp<B> {
 
     /// Drives the operation; on completion returns its outcome and the buffers.
     pub(crate) fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<(Result<OpInfo>, B)> {
-        let shared = self.cfg.shared.clone();
-        let qp = self.cfg.qp;
+        // Split borrows: the shared state is borrowed (not cloned) while `state` changes.
+        let RawOp { cfg, state } = self;
+        let shared: &Shared = &cfg.shared;
+        let qp = cfg.qp;
         let mut out = Completed::default();
-        let result = match std::mem::replace(&mut self.state, RawState::Done) {
+        let result = match std::mem::replace(state, RawState::Done) {
             RawState::Done => panic!("operation future polled after completion"),
             RawState::Invalid { buf, err } => Poll::Ready((Err(err), buf)),
             RawState::Init { buf, wr } => {
@@ -99,14 +101,14 @@ impl<B: std::marker::Send + 'static> RawOp<B> {
                         Poll::Ready((Err(err), unpark(payload)))
                     }
                     Ok(sub) => {
-                        let flushed = !self.cfg.coalesce;
+                        let flushed = !cfg.coalesce;
                         if flushed {
-                            st.post(&shared, qp, &mut out);
+                            st.post(shared, qp, &mut out);
                         }
                         match st.core.poll_op(sub.wr_id, cx) {
                             Poll::Ready((res, payload)) => Poll::Ready((res, unpark(payload))),
                             Poll::Pending => {
-                                self.state = RawState::InTable {
+                                *state = RawState::InTable {
                                     wr_id: sub.wr_id,
                                     flushed,
                                 };
@@ -124,12 +126,12 @@ impl<B: std::marker::Send + 'static> RawOp<B> {
             RawState::InTable { wr_id, flushed } => {
                 let mut st = shared.lock();
                 if !flushed {
-                    st.post(&shared, qp, &mut out);
+                    st.post(shared, qp, &mut out);
                 }
                 match st.core.poll_op(wr_id, cx) {
                     Poll::Ready((res, payload)) => Poll::Ready((res, unpark(payload))),
                     Poll::Pending => {
-                        self.state = RawState::InTable {
+                        *state = RawState::InTable {
                             wr_id,
                             flushed: true,
                         };
