@@ -14,7 +14,7 @@ mod common;
 use std::net::SocketAddr;
 
 use common::Role;
-use tokio_rdma::buf::{Grant, RemoteAccess, RemoteToken};
+use tokio_rdma::buf::{RemoteAccess, RemoteToken};
 use tokio_rdma::conn::{Connection, Listener};
 
 const KEYS: usize = 4096;
@@ -42,12 +42,7 @@ async fn serve(addr: SocketAddr, max_conns: Option<usize>) -> tokio_rdma::Result
             // One region per connection (ordinary memory, registered for this grant only),
             // filled once and granted read-only.
             let region = vec![0u8; KEYS * VALUE];
-            let mut grant = Grant::region(
-                conn.qp().verbs().pd(),
-                region,
-                0..KEYS * VALUE,
-                RemoteAccess::READ,
-            )?;
+            let mut grant = conn.grant(region, 0..KEYS * VALUE, RemoteAccess::READ)?;
             for key in 0..KEYS {
                 grant.write_at(key * VALUE, &value_of(key));
             }
@@ -67,7 +62,7 @@ async fn serve(addr: SocketAddr, max_conns: Option<usize>) -> tokio_rdma::Result
 async fn run_client(addr: SocketAddr, id: usize, lookups: usize) -> tokio_rdma::Result<()> {
     let conn = Connection::connect(addr).await?;
     let token = RemoteToken::from_bytes(&conn.recv().await?.expect("token"))?;
-    let mut buf = conn.pool().acquire(VALUE).await?;
+    let mut buf = conn.pool()?.acquire(VALUE).await?;
     let mut key = id * 977;
     for _ in 0..lookups {
         key = (key * 1_103_515_245 + 12_345) % KEYS;

@@ -62,7 +62,7 @@ async fn client(addr: SocketAddr, iters: usize, size: usize) -> tokio_rdma::Resu
         size,
         &mut samples,
     );
-    println!("driver: {:?}", conn.qp().driver().stats());
+    println!("connection: {:?}", conn.stats());
     Ok(())
 }
 

@@ -253,19 +253,15 @@ async fn byte_stream_with_codec_style_io() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
 async fn one_sided_io_with_an_exchanged_grant() {
-    use tokio_rdma::buf::{Grant, RemoteAccess};
+    use tokio_rdma::buf::RemoteAccess;
     let listener = Listener::bind(addr(7004)).await.expect("bind");
     let server = tokio::spawn(async move {
         let conn = listener.accept().await.expect("accept");
         // Grant a 64 KiB region, readable and writable, and send the token.
-        let buf = conn.pool().acquire(65536).await.unwrap();
-        let mut grant = Grant::region(
-            conn.qp().verbs().pd(),
-            buf,
-            0..65536,
-            RemoteAccess::READ | RemoteAccess::WRITE,
-        )
-        .expect("grant");
+        let buf = conn.pool().unwrap().acquire(65536).await.unwrap();
+        let mut grant = conn
+            .grant(buf, 0..65536, RemoteAccess::READ | RemoteAccess::WRITE)
+            .expect("grant");
         grant.write_at(0, &payload(7, 65536));
         conn.send(&grant.token().to_bytes()).await.unwrap();
         // Wait for the client's "done", then check what it wrote.
@@ -282,7 +278,7 @@ async fn one_sided_io_with_an_exchanged_grant() {
     });
     let conn = Connection::connect(addr(7004)).await.expect("connect");
     let token = RemoteToken::from_bytes(&conn.recv().await.unwrap().unwrap()).unwrap();
-    let local = conn.pool().acquire(4096).await.unwrap();
+    let local = conn.pool().unwrap().acquire(4096).await.unwrap();
     let (res, local) = conn.read(local, token.slice(0..4096).unwrap()).await;
     res.unwrap();
     assert!(
@@ -343,8 +339,8 @@ async fn peer_closing_mid_stream_fails_pending_ops_and_frees_buffers() {
     drop(recv_result);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let m = conn.pool().metrics();
-        if m.bytes_in_use == 0 {
+        let m = conn.stats();
+        if m.buffer_bytes_in_use == 0 {
             break;
         }
         assert!(Instant::now() < deadline, "pool buffers leaked: {m:?}");
@@ -543,11 +539,11 @@ async fn killed_peer_fails_pending_ops_in_bounded_time() {
         killed.elapsed()
     );
     let deadline = Instant::now() + Duration::from_secs(60);
-    while conn.pool().metrics().bytes_in_use != 0 {
+    while conn.stats().buffer_bytes_in_use != 0 {
         assert!(
             Instant::now() < deadline,
             "pool buffers leaked: {:?}",
-            conn.pool().metrics()
+            conn.stats()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use tokio::sync::{Mutex as AsyncMutex, mpsc};
@@ -11,19 +11,15 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::cm_async::AsyncChannel;
 use super::engine::{ConnStats, Engine};
-use super::handshake::Flags;
-use super::handshake::{self, Negotiated, Params};
+use super::handshake::{Flags, Negotiated};
 use super::options::ConnectOptions;
 use super::receiver::{self, Delivery};
-use super::registry;
+use super::setup::{self, Prepared};
 use super::stream::RdmaStream;
-use crate::buf::{IoBufMut, Pool, PoolConfig, RemoteToken, SizeClass};
-use crate::driver::{AsyncQp, Driver, QpOptions};
+use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess, RemoteToken};
 use crate::error::{Error, QpFailure, Result};
 use crate::ops::{CompareSwap, FetchAdd, Read, SgSource, SgTarget, Write};
-use crate::verbs::{
-    AccessFlags, CmEventKind, CmId, Context, EventChannel, ProtectionDomain, QpCaps,
-};
+use crate::verbs::{CmEventKind, CmId};
 
 /// An established RDMA connection.
 ///
@@ -58,23 +54,18 @@ pub struct Connection {
     peer: Option<SocketAddr>,
     closed: std::sync::atomic::AtomicBool,
     span: tracing::Span,
+    /// What this side offered in the handshake (one-sided access, atomics).
+    offered: Flags,
+    user_pool: OnceLock<Pool>,
+    user_pool_config: PoolConfig,
 }
 
-/// How the last step of the setup goes.
-pub(crate) enum Step {
-    /// The active side got `CONNECT_RESPONSE`: RTR, RTS, establish.
-    Active,
-    /// The passive side accepts with its handshake, waits for `ESTABLISHED`, then RTS.
-    Passive {
-        accept_data: Vec<u8>,
-        request: crate::verbs::PeerConnParam,
-    },
-}
-
-/// Everything set up before the handshake completes.
-pub(crate) struct Prepared {
-    pub(crate) qp: AsyncQp,
-    pub(crate) pool: Pool,
+/// A connection whose receives are posted, waiting for the CM handshake to complete.
+pub(crate) struct Starting {
+    engine: Arc<Engine>,
+    rx: mpsc::UnboundedReceiver<Delivery>,
+    offered: Flags,
+    user_pool_config: PoolConfig,
 }
 
 impl Connection {
@@ -107,7 +98,7 @@ impl Connection {
         let timeout = opts.connect_timeout;
         match tokio::time::timeout(
             timeout,
-            connect_inner(addr, opts, span.clone()).instrument(span),
+            setup::connect(addr, opts, span.clone()).instrument(span),
         )
         .await
         {
@@ -119,49 +110,59 @@ impl Connection {
         }
     }
 
-    pub(crate) async fn finish(
+    /// Setup, phase 1 (before the peer learns this side's credits): builds the connection's
+    /// engine and posts its receives.
+    pub(crate) async fn start(
         prepared: Prepared,
         negotiated: Negotiated,
+        opts: &ConnectOptions,
+        span: &tracing::Span,
+    ) -> Result<Starting> {
+        let engine = Arc::new(Engine::new(
+            prepared.qp,
+            prepared.pd,
+            prepared.pool,
+            negotiated,
+        ));
+        let rx = receiver::start(engine.clone(), opts.keepalive, span.clone()).await?;
+        Ok(Starting {
+            engine,
+            rx,
+            offered: opts.params.flags,
+            user_pool_config: opts.user_pool.clone(),
+        })
+    }
+
+    /// Setup, phase 2: the CM connection is established and the queue pair is in RTS.
+    pub(crate) fn established(
+        starting: Starting,
         id: Arc<CmId>,
         events: AsyncChannel,
-        opts: &ConnectOptions,
         span: tracing::Span,
-        step: Step,
-    ) -> Result<Connection> {
-        let qp = prepared.qp.verbs().clone();
-        let engine = Arc::new(Engine::new(prepared.qp, prepared.pool, negotiated));
-        // Receives are posted before the peer learns our credits (before accept/establish).
-        let rx = receiver::start(engine.clone(), opts.keepalive, span.clone()).await?;
-        match step {
-            Step::Active => id.finish_connect(&qp)?,
-            Step::Passive {
-                accept_data,
-                request,
-            } => {
-                let param = crate::verbs::ConnParam::new(&qp)
-                    .answering(&request)
-                    .private_data(&accept_data);
-                id.accept(&param)?;
-                events
-                    .expect(CmEventKind::Established, opts.connect_timeout)
-                    .await?;
-                id.modify_qp(&qp, crate::verbs::QpState::Rts)?;
-            }
-        }
+    ) -> Connection {
+        let Starting {
+            engine,
+            rx,
+            offered,
+            user_pool_config,
+        } = starting;
         engine
             .ready
             .store(true, std::sync::atomic::Ordering::Release);
         let peer = id.peer_addr();
         tokio::spawn(watch_cm(events, engine.clone(), id.clone()).instrument(span.clone()));
-        span.in_scope(|| debug!(?negotiated, "connection established"));
-        Ok(Connection {
+        span.in_scope(|| debug!(negotiated = ?engine.params, "connection established"));
+        Connection {
             engine,
             rx: AsyncMutex::new(rx),
             id,
             peer,
             closed: std::sync::atomic::AtomicBool::new(false),
             span,
-        })
+            offered,
+            user_pool: OnceLock::new(),
+            user_pool_config,
+        }
     }
 
     /// Sends one message (copied into registered buffers; larger messages are chunked).
@@ -205,7 +206,7 @@ impl Connection {
     ///
     /// # Cancel safety
     ///
-    /// As [`AsyncQp::write`].
+    /// As [`AsyncQp::write`](crate::driver::AsyncQp::write).
     pub fn write<B: SgSource>(&self, buf: B, remote: RemoteToken) -> Write<B> {
         self.engine.qp.write(buf, remote)
     }
@@ -214,7 +215,7 @@ impl Connection {
     ///
     /// # Cancel safety
     ///
-    /// As [`AsyncQp::read`].
+    /// As [`AsyncQp::read`](crate::driver::AsyncQp::read).
     pub fn read<B: SgTarget>(&self, buf: B, remote: RemoteToken) -> Read<B> {
         self.engine.qp.read(buf, remote)
     }
@@ -223,7 +224,7 @@ impl Connection {
     ///
     /// # Cancel safety
     ///
-    /// As [`AsyncQp::compare_swap`].
+    /// As [`AsyncQp::compare_swap`](crate::driver::AsyncQp::compare_swap).
     pub fn compare_swap<B: IoBufMut>(
         &self,
         buf: B,
@@ -238,14 +239,61 @@ impl Connection {
     ///
     /// # Cancel safety
     ///
-    /// As [`AsyncQp::fetch_add`].
+    /// As [`AsyncQp::fetch_add`](crate::driver::AsyncQp::fetch_add).
     pub fn fetch_add<B: IoBufMut>(&self, buf: B, remote: RemoteToken, add: u64) -> FetchAdd<B> {
         self.engine.qp.fetch_add(buf, remote, add)
     }
 
-    /// The registered buffer pool of this connection (for zero-copy one-sided buffers).
-    pub fn pool(&self) -> &Pool {
-        &self.engine.pool
+    /// A registered buffer pool for this connection's one-sided operations and grants,
+    /// created on first use (its buffers are registered in this connection's protection
+    /// domain, so they work on this connection only). The connection's own message traffic
+    /// uses a separate, private budget: holding every buffer of this pool never stalls
+    /// [`send`](Self::send) or [`recv`](Self::recv).
+    ///
+    /// # Errors
+    ///
+    /// Registration errors from creating the pool ([`Error::MemlockExhausted`], ...).
+    pub fn pool(&self) -> Result<&Pool> {
+        if let Some(p) = self.user_pool.get() {
+            return Ok(p);
+        }
+        let pool = Pool::with_pd(&self.engine.pd, self.user_pool_config.clone())?;
+        Ok(self.user_pool.get_or_init(|| pool))
+    }
+
+    /// Grants the peer `access` to `range` of `buf` through this connection only: the
+    /// registration lives in this connection's protection domain, so the token is useless on
+    /// any other connection (whatever rkey is presented there). Send the token to the peer
+    /// ([`RemoteToken::to_bytes`]); dropping the grant revokes it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty or out-of-range `range`, no rights, or rights
+    /// this side did not offer in the handshake ([`ConnectOptions::one_sided`],
+    /// [`ConnectOptions::atomics`]): the peer's access would fail and kill the connection, so
+    /// the grant is refused here. Registration errors.
+    pub fn grant<B: IoBufMut>(
+        &self,
+        buf: B,
+        range: std::ops::Range<usize>,
+        access: RemoteAccess,
+    ) -> Result<Grant<B>> {
+        let offered = self.offered;
+        if (access.contains(RemoteAccess::READ) || access.contains(RemoteAccess::WRITE))
+            && !offered.contains(Flags::ONE_SIDED)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "a grant of {access:?} on a connection that does not offer one-sided access \
+                 (ConnectOptions::one_sided(true) on this side)"
+            )));
+        }
+        if access.contains(RemoteAccess::ATOMIC) && !offered.contains(Flags::ATOMICS) {
+            return Err(Error::InvalidArgument(format!(
+                "a grant of {access:?} on a connection that does not offer atomics \
+                 (ConnectOptions::atomics(true) on this side)"
+            )));
+        }
+        Grant::region(&self.engine.pd, buf, range, access)
     }
 
     /// The negotiated parameters.
@@ -256,11 +304,6 @@ impl Connection {
     /// Counters of this connection.
     pub fn stats(&self) -> ConnStats {
         self.engine.stats()
-    }
-
-    /// The queue pair (for its driver's statistics and one-sided operations on other buffers).
-    pub fn qp(&self) -> &AsyncQp {
-        &self.engine.qp
     }
 
     /// The peer's address.
@@ -389,84 +432,4 @@ async fn watch_cm(events: AsyncChannel, engine: Arc<Engine>, id: Arc<CmId>) {
             return;
         }
     }
-}
-
-/// Creates the queue pair (in INIT) and the connection's pool on the id's device.
-pub(crate) fn prepare(
-    id: &CmId,
-    opts: &ConnectOptions,
-) -> Result<(Prepared, ProtectionDomain, Driver)> {
-    let ctx = Context::from_cm_id(id)?;
-    let (driver, pd) = registry::driver_for(&ctx, &opts.driver_options())?;
-    let p = &opts.params;
-    let caps = QpCaps {
-        max_send_wr: opts.send_queue_depth.max(2),
-        max_recv_wr: p.recv_credits + 1,
-        max_send_sge: 2,
-        max_recv_sge: 1,
-        max_inline_data: p.max_inline,
-    };
-    let qopts = QpOptions {
-        caps,
-        signal_every: 1,
-        ..QpOptions::default()
-    };
-    let qp = driver.create_qp(&pd, qopts)?;
-    // Least privilege: the queue pair admits remote READ/WRITE (and atomics) only if this side
-    // offers them; the memory itself still needs a grant (an rkey) per buffer.
-    let mut access = AccessFlags::LOCAL_WRITE;
-    if p.flags.contains(Flags::ONE_SIDED) {
-        access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    }
-    if p.flags.contains(Flags::ATOMICS) {
-        access |= AccessFlags::REMOTE_ATOMIC;
-    }
-    id.modify_qp_with_access(qp.verbs(), crate::verbs::QpState::Init, access)?;
-    // Receive buffers (posted plus as many again held by the application) and send staging
-    // buffers of the same size: registered once, here, never on the data path.
-    let count = (p.recv_credits as usize) * 2 + opts.send_queue_depth as usize;
-    let pool = Pool::with_pd(
-        &pd,
-        PoolConfig::default().classes([SizeClass::new(p.recv_buf_size as usize, count)]),
-    )?;
-    Ok((Prepared { qp, pool }, pd, driver))
-}
-
-async fn connect_inner(
-    addr: SocketAddr,
-    opts: ConnectOptions,
-    span: tracing::Span,
-) -> Result<Connection> {
-    let channel = AsyncChannel::new(EventChannel::new()?)?;
-    let id = Arc::new(channel.channel().create_id()?);
-    if let Some(t) = opts.ack_timeout {
-        id.set_ack_timeout(t)?;
-    }
-    let ms = u32::try_from(opts.connect_timeout.as_millis())
-        .unwrap_or(u32::MAX)
-        .max(1000);
-    id.resolve_addr(None, addr, ms)?;
-    channel
-        .expect(CmEventKind::AddrResolved, opts.connect_timeout)
-        .await?;
-    id.resolve_route(ms)?;
-    channel
-        .expect(CmEventKind::RouteResolved, opts.connect_timeout)
-        .await?;
-    let (prepared, _pd, _driver) = prepare(&id, &opts)?;
-    let local: Params = opts.params;
-    let hs = local.encode()?;
-    let param = crate::verbs::ConnParam::new(prepared.qp.verbs()).private_data(&hs);
-    id.connect(&param)?;
-    let ev = channel.next().await?;
-    let ev = ev.expect(CmEventKind::ConnectResponse)?;
-    let remote = match Params::decode(ev.private_data()) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = id.disconnect();
-            return Err(e.into());
-        }
-    };
-    let negotiated = handshake::negotiate(&local, &remote)?;
-    Connection::finish(prepared, negotiated, id, channel, &opts, span, Step::Active).await
 }

@@ -21,6 +21,7 @@ use crate::buf::Pool;
 use crate::core::{Credits, MsgHeader, MsgKind};
 use crate::driver::AsyncQp;
 use crate::error::{Error, QpFailure, Result};
+use crate::verbs::ProtectionDomain;
 
 /// Counters of one connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,6 +43,9 @@ pub struct ConnStats {
     pub credit_messages: u64,
     /// Times a sender had to wait for a credit (flow control at work).
     pub credit_waits: u64,
+    /// Bytes of the connection's private message buffers in use now (posted receives,
+    /// received data the application still holds, sends in flight).
+    pub buffer_bytes_in_use: u64,
 }
 
 #[derive(Debug, Default)]
@@ -70,6 +74,8 @@ pub(crate) struct ConnState {
 #[derive(Debug)]
 pub(crate) struct Engine {
     pub(crate) qp: AsyncQp,
+    /// The connection's own protection domain (grants for this connection live here).
+    pub(crate) pd: ProtectionDomain,
     pub(crate) pool: Pool,
     pub(crate) params: Negotiated,
     pub(crate) credits: Mutex<Credits>,
@@ -82,10 +88,11 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(qp: AsyncQp, pool: Pool, params: Negotiated) -> Engine {
+    pub(crate) fn new(qp: AsyncQp, pd: ProtectionDomain, pool: Pool, params: Negotiated) -> Engine {
         Engine {
             credits: Mutex::new(Credits::new(params.send_credits, params.recv_credits)),
             qp,
+            pd,
             pool,
             params,
             credit_changed: Notify::new(),
@@ -313,6 +320,7 @@ impl Engine {
             receives: get(&c.receives),
             credit_messages: get(&c.credit_messages),
             credit_waits: get(&c.credit_waits),
+            buffer_bytes_in_use: self.pool.metrics().bytes_in_use,
         }
     }
 }

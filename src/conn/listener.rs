@@ -2,15 +2,15 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracing::{Instrument, info_span, warn};
 
 use super::cm_async::AsyncChannel;
-use super::connection::{Connection, Step, prepare};
+use super::connection::Connection;
 use super::handshake::{self, Params};
 use super::options::ConnectOptions;
+use super::setup;
 use crate::error::{Error, Result};
 use crate::verbs::{CmEvent, CmEventKind, CmId, EventChannel};
 
@@ -158,26 +158,20 @@ impl Listener {
         if let Some(t) = self.opts.ack_timeout {
             id.set_ack_timeout(t)?;
         }
-        let (prepared, _pd, _driver) = match prepare(&id, &self.opts) {
+        let prepared = match setup::prepare(&id, &self.opts) {
             Ok(p) => p,
             Err(e) => return Err(reject(&id, e)),
         };
-        // `prepare` moved the queue pair to INIT; RTR with the parameters of the request.
-        if let Err(e) = id.modify_qp(prepared.qp.verbs(), crate::verbs::QpState::Rtr) {
-            return Err(reject(&id, e));
-        }
         let accept_data = local.encode()?.to_vec();
-        let setup = Connection::finish(
+        let setup = setup::accept(
             prepared,
             negotiated,
-            Arc::new(id),
+            id,
             events,
+            request,
+            &accept_data,
             &self.opts,
             span,
-            Step::Passive {
-                accept_data,
-                request,
-            },
         );
         match tokio::time::timeout(self.opts.connect_timeout, setup).await {
             Ok(r) => r,

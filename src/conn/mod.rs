@@ -2,8 +2,8 @@
 //! handshake in the CM private data, messages under credit flow control, one-sided I/O against
 //! granted remote memory, a byte-stream adapter, and graceful close.
 //!
-//! Each device gets one driver (completion queue and completion task) and protection domain,
-//! shared by all its connections.
+//! Each device gets one driver (completion queue and completion task), shared by all its
+//! connections; each connection has its own protection domain.
 
 mod cm_async;
 mod connection;
@@ -13,6 +13,7 @@ mod listener;
 mod options;
 mod receiver;
 mod registry;
+mod setup;
 mod stream;
 
 pub use connection::Connection;

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use super::handshake::Params;
+use super::handshake::{Flags, Params};
+use crate::buf::{PoolConfig, SizeClass};
 use crate::driver::{CompletionMode, DriverOptions};
 
 /// Options of [`Connection::connect_with`](super::Connection::connect_with) and
@@ -38,6 +39,8 @@ pub struct ConnectOptions {
     /// 7 transport retries it bounds how long a silently dead peer goes unnoticed (about 4 s at
     /// 17). `None` keeps RDMA CM's value derived from the path (19 on RoCE, about 2 s).
     pub ack_timeout: Option<u8>,
+    /// The pool behind [`Connection::pool`](super::Connection::pool), created on first use.
+    pub user_pool: PoolConfig,
 }
 
 impl Default for ConnectOptions {
@@ -54,6 +57,8 @@ impl Default for ConnectOptions {
             connect_timeout: Duration::from_secs(30),
             keepalive: Some(Duration::from_secs(10)),
             ack_timeout: Some(17),
+            user_pool: PoolConfig::default()
+                .classes([SizeClass::new(4 << 10, 64), SizeClass::new(64 << 10, 8)]),
         }
     }
 }
@@ -104,6 +109,37 @@ impl ConnectOptions {
     pub fn completion_mode(mut self, mode: CompletionMode) -> Self {
         self.completion_mode = mode;
         self
+    }
+
+    /// Offers the peer one-sided access (RDMA READ/WRITE into memory this side grants with
+    /// [`Connection::grant`](super::Connection::grant)). Without it, grants for READ or
+    /// WRITE are refused locally.
+    pub fn one_sided(mut self, on: bool) -> Self {
+        self.set_flag(Flags::ONE_SIDED, on);
+        self
+    }
+
+    /// Offers the peer atomics on memory this side grants. Without it, grants for atomics
+    /// are refused locally.
+    pub fn atomics(mut self, on: bool) -> Self {
+        self.set_flag(Flags::ATOMICS, on);
+        self
+    }
+
+    /// Sets the configuration of the pool behind
+    /// [`Connection::pool`](super::Connection::pool).
+    pub fn user_pool(mut self, config: PoolConfig) -> Self {
+        self.user_pool = config;
+        self
+    }
+
+    fn set_flag(&mut self, flag: Flags, on: bool) {
+        let bits = if on {
+            self.params.flags.bits() | flag.bits()
+        } else {
+            self.params.flags.bits() & !flag.bits()
+        };
+        self.params.flags = Flags::from_bits(bits).expect("known bits");
     }
 
     pub(crate) fn driver_options(&self) -> DriverOptions {
