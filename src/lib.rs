@@ -35,4 +35,4 @@ pub mod ops;
 mod sys;
 pub mod verbs;
 
-pub use error::{Error, QpFailure, Result, WcStatus};
+pub use error::{Error, ProtocolError, QpFailure, Result, WcStatus};

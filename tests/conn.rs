@@ -135,7 +135,7 @@ async fn sixty_four_connections_exchange_random_messages_without_rnr() {
             while let Some(r) = tasks.join_next().await {
                 let (n, s) = r.unwrap();
                 total += n;
-                waits += s.credit_waits;
+                waits += s.protocol.credit_waits;
             }
             (total, waits)
         })
@@ -194,8 +194,8 @@ async fn sixty_four_connections_exchange_random_messages_without_rnr() {
     while let Some(r) = within(1800, "clients", clients.join_next()).await {
         let (b, s) = r.unwrap();
         bytes += b;
-        messages += s.messages_received;
-        credit_waits += s.credit_waits;
+        messages += s.protocol.messages_received;
+        credit_waits += s.protocol.credit_waits;
     }
     let (echoed, server_waits) = within(120, "server", server).await.unwrap();
     assert_eq!(messages as usize, conns * per_conn);

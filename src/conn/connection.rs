@@ -1,37 +1,44 @@
 //! [`Connection`]: an RC connection set up through RDMA CM, with messages under credit flow
-//! control and one-sided operations.
+//! control and one-sided operations. The protocol itself is the sans-IO
+//! [`ConnProto`](crate::core::conn::ConnProto); this is its shell.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
-use bytes::Bytes;
-use tokio::sync::{Mutex as AsyncMutex, mpsc};
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, info_span};
 
 use super::cm_async::AsyncChannel;
-use super::engine::{ConnStats, Engine};
+use super::driver::{self, Posted};
 use super::handshake::{Flags, Negotiated};
 use super::options::ConnectOptions;
-use super::receiver::{self, Delivery};
 use super::setup::{self, Prepared};
+use super::shared::ConnShared;
 use super::stream::RdmaStream;
-use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess, RemoteToken};
-use crate::error::{Error, QpFailure, Result};
-use crate::ops::{CompareSwap, FetchAdd, Read, SgSource, SgTarget, Write};
-use crate::verbs::{CmEventKind, CmId};
+use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess};
+use crate::core::conn::{ConnConfig, ConnCounters, ConnProto};
+use crate::error::{Error, Result};
+use crate::verbs::CmId;
 
 /// An established RDMA connection.
 ///
-/// * Messages: [`send`](Self::send) / [`recv`](Self::recv), with credit-based flow control (a
-///   sender never sends without a receive posted at the peer, so the device never sees an RNR
-///   NAK). Messages larger than the peer's receive buffers are split into chunks and
-///   reassembled; a single-chunk message is received without copying.
+/// * Messages: [`send`](Self::send) / [`recv`](Self::recv), under credit-based flow control:
+///   a sender never sends a chunk without a receive posted at the peer, and the receiver
+///   returns credits only as the application consumes what arrived, so a slow reader slows
+///   the sender instead of growing memory (see `docs/connections.md` for the budget). Messages
+///   larger than the peer's receive buffers are split into chunks and reassembled; a
+///   single-chunk message is received without copying. Any number of tasks may send and
+///   receive at once; every message arrives whole, in each sender's order, and a cancelled
+///   send never leaves a partial message at the peer.
 /// * One-sided I/O: [`write`](Self::write), [`read`](Self::read) and atomics against
-///   [`RemoteToken`]s the peer granted (exchange them with messages).
+///   [`RemoteToken`](crate::buf::RemoteToken)s the peer granted with [`grant`](Self::grant).
+///   Each connection has its own protection domain: a token works on the connection it was
+///   granted for and on no other.
 /// * A byte stream: [`into_stream`](Self::into_stream) gives an `AsyncRead + AsyncWrite`.
 /// * [`close`](Self::close) ends the stream cleanly (the peer's `recv` returns `Ok(None)`) and
-///   drains; dropping the connection does the same in the background.
+///   drains; dropping the connection does the same in the background. A failure is never
+///   reported as a clean close.
 ///
 /// # Examples
 ///
@@ -48,22 +55,32 @@ use crate::verbs::{CmEventKind, CmId};
 /// # Ok(()) }
 /// ```
 pub struct Connection {
-    engine: Arc<Engine>,
-    rx: AsyncMutex<mpsc::UnboundedReceiver<Delivery>>,
-    id: Arc<CmId>,
+    pub(super) shared: Arc<ConnShared>,
     peer: Option<SocketAddr>,
-    closed: std::sync::atomic::AtomicBool,
     span: tracing::Span,
     /// What this side offered in the handshake (one-sided access, atomics).
-    offered: Flags,
+    pub(super) offered: Flags,
     user_pool: OnceLock<Pool>,
     user_pool_config: PoolConfig,
 }
 
+/// Counters of one connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnStats {
+    /// The protocol's counters (messages, chunks, credits, aborts, withheld re-posts).
+    pub protocol: ConnCounters,
+    /// Bytes of received data the application holds now (the receive budget in use).
+    pub recv_bytes_held: u64,
+    /// Bytes of the connection's private message buffers in use now (posted receives,
+    /// received data the application still holds, sends in flight).
+    pub buffer_bytes_in_use: u64,
+}
+
 /// A connection whose receives are posted, waiting for the CM handshake to complete.
 pub(crate) struct Starting {
-    engine: Arc<Engine>,
-    rx: mpsc::UnboundedReceiver<Delivery>,
+    shared: Arc<ConnShared>,
+    posted: Posted,
     offered: Flags,
     user_pool_config: PoolConfig,
 }
@@ -110,30 +127,50 @@ impl Connection {
         }
     }
 
-    /// Setup, phase 1 (before the peer learns this side's credits): builds the connection's
-    /// engine and posts its receives.
-    pub(crate) async fn start(
+    /// Setup, phase 1 (before the peer learns this side's credits): builds the state machine
+    /// and posts its receives.
+    pub(crate) fn start(
         prepared: Prepared,
         negotiated: Negotiated,
         opts: &ConnectOptions,
-        span: &tracing::Span,
     ) -> Result<Starting> {
-        let engine = Arc::new(Engine::new(
+        let cfg = ConnConfig {
+            send_credits: negotiated.send_credits,
+            recv_credits: negotiated.recv_credits,
+            max_send_size: negotiated.max_send_size,
+            max_message_size: negotiated.max_message_size,
+            recv_budget: opts.recv_budget.max(negotiated.max_message_size),
+            keepalive: opts.keepalive,
+            keepalive_timeout: opts.keepalive_timeout,
+        };
+        let staging = Pool::with_pd(
+            &prepared.pd,
+            setup::staging_pool_config(negotiated.max_send_size, negotiated.send_credits),
+        )?;
+        let shared = Arc::new(ConnShared::new(
             prepared.qp,
             prepared.pd,
             prepared.pool,
+            staging,
             negotiated,
+            ConnProto::new(cfg, Instant::now()),
         ));
-        let rx = receiver::start(engine.clone(), opts.keepalive, span.clone()).await?;
+        let mut posted = Posted::new();
+        let short = shared.with(|p| posted.post_due(&shared, p));
+        if let Some(e) = shared.lock().failure().cloned() {
+            return Err(Error::QpFailed(e));
+        }
+        debug_assert!(!short, "the private pool covers the initial receives");
         Ok(Starting {
-            engine,
-            rx,
+            shared,
+            posted,
             offered: opts.params.flags,
             user_pool_config: opts.user_pool.clone(),
         })
     }
 
-    /// Setup, phase 2: the CM connection is established and the queue pair is in RTS.
+    /// Setup, phase 2: the CM connection is established and the queue pair is in RTS; the
+    /// driver task starts.
     pub(crate) fn established(
         starting: Starting,
         id: Arc<CmId>,
@@ -141,107 +178,22 @@ impl Connection {
         span: tracing::Span,
     ) -> Connection {
         let Starting {
-            engine,
-            rx,
+            shared,
+            posted,
             offered,
             user_pool_config,
         } = starting;
-        engine
-            .ready
-            .store(true, std::sync::atomic::Ordering::Release);
         let peer = id.peer_addr();
-        tokio::spawn(watch_cm(events, engine.clone(), id.clone()).instrument(span.clone()));
-        span.in_scope(|| debug!(negotiated = ?engine.params, "connection established"));
+        tokio::spawn(driver::run(shared.clone(), posted, id, events).instrument(span.clone()));
+        span.in_scope(|| debug!(negotiated = ?shared.params, "connection established"));
         Connection {
-            engine,
-            rx: AsyncMutex::new(rx),
-            id,
+            shared,
             peer,
-            closed: std::sync::atomic::AtomicBool::new(false),
             span,
             offered,
             user_pool: OnceLock::new(),
             user_pool_config,
         }
-    }
-
-    /// Sends one message (copied into registered buffers; larger messages are chunked).
-    /// Waits for credits and buffers (backpressure), and for the message's completion.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] if it exceeds the negotiated message size; the connection's
-    /// failure ([`Error::QpFailed`]) if it failed or was closed.
-    ///
-    /// # Cancel safety
-    ///
-    /// Not cancel safe: dropped midway, part of a chunked message may have been sent, and the
-    /// peer would then see a protocol error at the next message. Drop the connection instead.
-    pub async fn send(&self, msg: &[u8]) -> Result<()> {
-        self.engine.send_message(msg).await
-    }
-
-    /// Receives the next message. `Ok(None)` means the peer closed its side cleanly.
-    ///
-    /// # Errors
-    ///
-    /// The connection's failure, or [`Error::Protocol`] if the peer broke the protocol.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a message is only taken when this returns it.
-    pub async fn recv(&self) -> Result<Option<Bytes>> {
-        let mut rx = self.rx.lock().await;
-        match rx.recv().await {
-            Some(Ok(m)) => Ok(Some(m)),
-            Some(Err(e)) => Err(e),
-            None => match self.engine.failure() {
-                Some(e) if !self.engine.state().peer_closed => Err(e),
-                _ => Ok(None),
-            },
-        }
-    }
-
-    /// Writes `buf` (registered memory) into the peer's memory at `remote`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`AsyncQp::write`](crate::driver::AsyncQp::write).
-    pub fn write<B: SgSource>(&self, buf: B, remote: RemoteToken) -> Write<B> {
-        self.engine.qp.write(buf, remote)
-    }
-
-    /// Reads the peer's memory at `remote` into `buf`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`AsyncQp::read`](crate::driver::AsyncQp::read).
-    pub fn read<B: SgTarget>(&self, buf: B, remote: RemoteToken) -> Read<B> {
-        self.engine.qp.read(buf, remote)
-    }
-
-    /// Atomic compare-and-swap on the peer's 8-byte value at `remote`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`AsyncQp::compare_swap`](crate::driver::AsyncQp::compare_swap).
-    pub fn compare_swap<B: IoBufMut>(
-        &self,
-        buf: B,
-        remote: RemoteToken,
-        compare: u64,
-        swap: u64,
-    ) -> CompareSwap<B> {
-        self.engine.qp.compare_swap(buf, remote, compare, swap)
-    }
-
-    /// Atomic fetch-and-add on the peer's 8-byte value at `remote`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`AsyncQp::fetch_add`](crate::driver::AsyncQp::fetch_add).
-    pub fn fetch_add<B: IoBufMut>(&self, buf: B, remote: RemoteToken, add: u64) -> FetchAdd<B> {
-        self.engine.qp.fetch_add(buf, remote, add)
     }
 
     /// A registered buffer pool for this connection's one-sided operations and grants,
@@ -257,7 +209,7 @@ impl Connection {
         if let Some(p) = self.user_pool.get() {
             return Ok(p);
         }
-        let pool = Pool::with_pd(&self.engine.pd, self.user_pool_config.clone())?;
+        let pool = Pool::with_pd(&self.shared.pd, self.user_pool_config.clone())?;
         Ok(self.user_pool.get_or_init(|| pool))
     }
 
@@ -293,17 +245,26 @@ impl Connection {
                  (ConnectOptions::atomics(true) on this side)"
             )));
         }
-        Grant::region(&self.engine.pd, buf, range, access)
+        Grant::region(&self.shared.pd, buf, range, access)
     }
 
     /// The negotiated parameters.
     pub fn params(&self) -> &Negotiated {
-        &self.engine.params
+        &self.shared.params
     }
 
     /// Counters of this connection.
     pub fn stats(&self) -> ConnStats {
-        self.engine.stats()
+        let (protocol, held) = {
+            let p = self.shared.lock();
+            (p.counters(), p.held().0)
+        };
+        ConnStats {
+            protocol,
+            recv_bytes_held: held,
+            buffer_bytes_in_use: self.shared.pool.metrics().bytes_in_use
+                + self.shared.staging.metrics().bytes_in_use,
+        }
     }
 
     /// The peer's address.
@@ -311,14 +272,20 @@ impl Connection {
         self.peer
     }
 
+    /// The failure that ended this connection, if it failed (a clean close is not a failure).
+    pub fn failure(&self) -> Option<crate::QpFailure> {
+        self.shared.lock().failure().cloned()
+    }
+
     /// Turns the connection into a byte stream (`AsyncRead + AsyncWrite`), for codecs.
     pub fn into_stream(self) -> RdmaStream {
         RdmaStream::new(self)
     }
 
-    /// Half-closes the connection: sends end-of-stream (the peer's [`recv`](Self::recv) returns
-    /// `Ok(None)` after the messages already sent); this side can still receive until the peer
-    /// closes too. Later sends fail.
+    /// Half-closes the connection: end of stream goes out after the messages already being
+    /// sent (the peer's [`recv`](Self::recv) returns `Ok(None)` after them); this side can
+    /// still receive until the peer closes too. Later sends fail. Resolves once the peer's
+    /// device acknowledged the end of stream.
     ///
     /// # Errors
     ///
@@ -326,71 +293,43 @@ impl Connection {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: end-of-stream is sent at most once.
+    /// Cancel safe: end of stream is sent once, whether or not this future is polled again.
     pub async fn shutdown(&self) -> Result<()> {
-        self.engine.send_close().await
+        self.shared.with(|p| p.close());
+        std::future::poll_fn(|cx| self.shared.poll_with(cx, |p, cx| p.poll_close(cx))).await
     }
 
-    /// Closes the connection: sends end-of-stream (the peer's [`recv`](Self::recv) returns
-    /// `Ok(None)` after the messages already sent), disconnects, and waits until every
-    /// outstanding operation has resolved.
+    /// Closes the connection: end of stream after the messages already being sent,
+    /// disconnect, and wait until every outstanding operation has resolved.
     ///
     /// # Errors
     ///
-    /// The connection's failure if it had already failed (it is closed anyway).
+    /// The connection's failure if it failed before end of stream was acknowledged (it is
+    /// closed anyway).
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe in the sense that the connection ends up closed by `Drop` either way.
+    /// Cancel safe: the close goes on in the background if the future is dropped.
     pub async fn close(&self) -> Result<()> {
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Release);
-        let res = close_engine(&self.engine, &self.id)
-            .instrument(self.span.clone())
-            .await;
-        self.engine.qp.close().await?;
-        res
-    }
-}
-
-async fn close_engine(engine: &Arc<Engine>, id: &CmId) -> Result<()> {
-    let sent = tokio::time::timeout(std::time::Duration::from_secs(10), engine.send_close()).await;
-    if let Err(e) = id.disconnect() {
-        debug!(error = %e, "rdma_disconnect");
-    }
-    engine.fail(QpFailure::Closed);
-    match sent {
-        // The peer closed or left first: the connection is closed all the same.
-        Ok(Err(Error::QpFailed(QpFailure::Disconnected | QpFailure::Closed))) => Ok(()),
-        Ok(r) => r,
-        Err(_) => Err(Error::Timeout {
-            what: "sending end-of-stream",
-            after: std::time::Duration::from_secs(10),
-        }),
+        self.shared.with(|p| p.close_full());
+        let res =
+            std::future::poll_fn(|cx| self.shared.poll_with(cx, |p, cx| p.poll_close(cx))).await;
+        // The driver disconnects and drains; wait for the queue pair to be flushed.
+        let _ = self.shared.qp.close().instrument(self.span.clone()).await;
+        match res {
+            Err(Error::QpFailed(crate::QpFailure::Disconnected | crate::QpFailure::Closed)) => {
+                Ok(())
+            }
+            other => other,
+        }
     }
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
-            return;
-        }
-        let (engine, id) = (self.engine.clone(), self.id.clone());
-        let span = self.span.clone();
-        // Close in the background; never block the executor here.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(
-                async move {
-                    if let Err(e) = close_engine(&engine, &id).await {
-                        debug!(error = %e, "background close");
-                    }
-                }
-                .instrument(span),
-            );
-        } else {
-            self.engine.fail(QpFailure::Closed);
-            let _ = self.id.disconnect();
-        }
+        // The driver task closes (end of stream, disconnect, drain) in the background; it
+        // never blocks here.
+        self.shared.with(|p| p.close_full());
     }
 }
 
@@ -398,38 +337,8 @@ impl fmt::Debug for Connection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Connection")
             .field("peer", &self.peer)
-            .field("qpn", &self.engine.qp.qpn())
-            .field("params", &self.engine.params)
+            .field("qpn", &self.shared.qp.qpn())
+            .field("params", &self.shared.params)
             .finish_non_exhaustive()
-    }
-}
-
-/// Watches the connection's CM events: a `DISCONNECTED` fails the connection (every pending
-/// and later operation resolves with [`QpFailure::Disconnected`] unless it closed first).
-async fn watch_cm(events: AsyncChannel, engine: Arc<Engine>, id: Arc<CmId>) {
-    loop {
-        match events.next().await {
-            Ok(ev) => match ev.kind() {
-                CmEventKind::Disconnected => {
-                    debug!("peer disconnected");
-                    let _ = id.disconnect();
-                    engine.fail(QpFailure::Disconnected);
-                }
-                CmEventKind::TimewaitExit => return,
-                CmEventKind::DeviceRemoval => {
-                    warn!("device removed");
-                    engine.fail(QpFailure::AsyncEvent("RDMA_CM_EVENT_DEVICE_REMOVAL"));
-                    return;
-                }
-                other => debug!(event = %other, "CM event"),
-            },
-            Err(e) => {
-                warn!(error = %e, "CM event channel");
-                return;
-            }
-        }
-        if std::sync::Arc::strong_count(&engine) == 1 {
-            return;
-        }
     }
 }

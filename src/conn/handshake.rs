@@ -471,6 +471,10 @@ pub struct Negotiated {
     pub one_sided: bool,
     /// Both sides offer atomics.
     pub atomics: bool,
+    /// The peer offers one-sided access: this side may READ/WRITE memory the peer grants.
+    pub peer_one_sided: bool,
+    /// The peer offers atomics: this side may run atomics on memory the peer grants.
+    pub peer_atomics: bool,
 }
 
 /// Computes the effective parameters of a connection from this side's announcement (`local`)
@@ -515,6 +519,8 @@ pub fn negotiate(local: &Params, remote: &Params) -> Result<Negotiated, Handshak
         max_message_size: local.max_message_size.min(remote.max_message_size),
         one_sided: both(Flags::ONE_SIDED),
         atomics: both(Flags::ATOMICS),
+        peer_one_sided: remote.flags.contains(Flags::ONE_SIDED),
+        peer_atomics: remote.flags.contains(Flags::ATOMICS),
     })
 }
 

@@ -149,7 +149,7 @@ impl Listener {
         let Some(request) = ev.conn_param().copied() else {
             return Err(reject(
                 &id,
-                Error::Protocol("connection request without parameters".into()),
+                Error::Handshake(handshake::HandshakeError::Missing),
             ));
         };
         // The connection gets its own event channel, so its DISCONNECTED goes to its watcher.

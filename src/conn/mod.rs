@@ -7,17 +7,19 @@
 
 mod cm_async;
 mod connection;
-mod engine;
+mod driver;
 pub mod handshake;
 mod listener;
+mod messages;
+mod one_sided;
 mod options;
-mod receiver;
 mod registry;
 mod setup;
+mod shared;
 mod stream;
 
-pub use connection::Connection;
-pub use engine::ConnStats;
+pub use connection::{ConnStats, Connection};
 pub use listener::Listener;
 pub use options::ConnectOptions;
+pub use shared::Message;
 pub use stream::RdmaStream;

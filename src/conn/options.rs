@@ -32,9 +32,23 @@ pub struct ConnectOptions {
     pub completion_mode: CompletionMode,
     /// Limit for address/route resolution and the handshake.
     pub connect_timeout: Duration,
-    /// Send a keepalive after this much idle time (None: never). A dead peer then fails the
-    /// connection once the transport's retries run out.
+    /// Send a keepalive this often (None: never): a small control message the peer's device
+    /// must acknowledge.
     pub keepalive: Option<Duration>,
+    /// Fail the connection with [`QpFailure::KeepaliveTimeout`](crate::QpFailure) when a
+    /// keepalive (or any control message) is unacknowledged this long. With `keepalive`, a
+    /// peer that dies silently (no disconnect arrives) is detected within
+    /// `keepalive + keepalive_timeout`; the transport's own retries (`ack_timeout`,
+    /// `retry_count`) may detect it sooner.
+    pub keepalive_timeout: Duration,
+    /// Transport retries of the queue pair before a send fails with `IBV_WC_RETRY_EXC_ERR`
+    /// (0-6; 7 would mean "retry forever" on some devices, soft-RoCE among them, so it is
+    /// refused).
+    pub retry_count: u8,
+    /// Bytes of received data the application may hold (queued, or delivered and not yet
+    /// dropped) before this side stops returning credits and the peer's sends wait. At least
+    /// the negotiated maximum message size (raised to it if smaller).
+    pub recv_budget: u64,
     /// Local ACK timeout code of the queue pair (4.096 us * 2^n; 17 is about 0.5 s); with the
     /// 7 transport retries it bounds how long a silently dead peer goes unnoticed (about 4 s at
     /// 17). `None` keeps RDMA CM's value derived from the path (19 on RoCE, about 2 s).
@@ -56,6 +70,9 @@ impl Default for ConnectOptions {
             completion_mode: CompletionMode::default(),
             connect_timeout: Duration::from_secs(30),
             keepalive: Some(Duration::from_secs(10)),
+            keepalive_timeout: Duration::from_secs(10),
+            retry_count: 6,
+            recv_budget: 16 << 20,
             ack_timeout: Some(17),
             user_pool: PoolConfig::default()
                 .classes([SizeClass::new(4 << 10, 64), SizeClass::new(64 << 10, 8)]),
@@ -96,6 +113,24 @@ impl ConnectOptions {
     /// Sets the keepalive interval.
     pub fn keepalive(mut self, t: Option<Duration>) -> Self {
         self.keepalive = t;
+        self
+    }
+
+    /// Sets the keepalive timeout (see [`keepalive_timeout`](Self::keepalive_timeout)).
+    pub fn keepalive_timeout(mut self, t: Duration) -> Self {
+        self.keepalive_timeout = t;
+        self
+    }
+
+    /// Sets the transport retry count (see [`retry_count`](Self::retry_count)).
+    pub fn retry_count(mut self, n: u8) -> Self {
+        self.retry_count = n;
+        self
+    }
+
+    /// Sets the receive budget (see [`recv_budget`](Self::recv_budget)).
+    pub fn recv_budget(mut self, bytes: u64) -> Self {
+        self.recv_budget = bytes;
         self
     }
 

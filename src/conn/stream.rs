@@ -11,6 +11,7 @@ use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::connection::Connection;
+use super::shared::Message;
 use crate::error::Result;
 
 type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -39,7 +40,7 @@ type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub struct RdmaStream {
     conn: Arc<Connection>,
     read_buf: Bytes,
-    reading: Option<BoxFut<Result<Option<Bytes>>>>,
+    reading: Option<BoxFut<Result<Option<Message>>>>,
     eof: bool,
     writing: Option<BoxFut<Result<()>>>,
     closing: Option<BoxFut<Result<()>>>,
@@ -97,7 +98,7 @@ impl AsyncRead for RdmaStream {
             let res = ready!(fut.as_mut().poll(cx));
             this.reading = None;
             match res.map_err(io::Error::from)? {
-                Some(msg) => this.read_buf = msg,
+                Some(msg) => this.read_buf = msg.into_bytes(),
                 None => this.eof = true,
             }
         }

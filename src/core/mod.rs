@@ -41,7 +41,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
-mod credits;
+pub mod conn;
 mod engine;
 mod msg;
 mod qp;
@@ -50,7 +50,7 @@ mod table;
 mod tests;
 mod wr;
 
-pub use credits::Credits;
+pub use conn::Credits;
 pub use engine::{Completed, Core, QpConfig, QpKey, Submitted};
 pub use msg::{MsgHeader, MsgKind};
 pub use wr::{Cqe, OpInfo, PostItem, Queue, SgList, WorkRequest};

@@ -3,23 +3,34 @@
 //! room).
 //!
 //! ```text
-//!  31      28 27            16 15                     0
-//! +----------+----------------+------------------------+
-//! |   kind   |  reserved (0)  |   credits returned     |
-//! +----------+----------------+------------------------+
+//!  31      28 27    24 23        16 15                     0
+//! +----------+--------+------------+------------------------+
+//! |   kind   | rsvd 0 |  ctrl ack  |  credits returned, or  |
+//! |          |        |  (mod 256) |  the error code        |
+//! +----------+--------+------------+------------------------+
 //! ```
+//!
+//! `ctrl ack` counts (mod 256) the control messages of the peer whose receives this side has
+//! re-posted: it bounds the peer's control messages in flight (see
+//! [`Credits`](crate::core::Credits)).
+//!
+//! Kinds: `Last` (the last or only chunk of a message), `More` (a chunk that continues),
+//! `Credit` (no payload: returns credits), `Close` (end of stream), `Abort` (the message in
+//! progress is withdrawn: its chunks so far are discarded), `Error` (the sender found a
+//! protocol violation and is disconnecting; the low 16 bits carry a
+//! [`ProtocolError`] code instead of credits).
 //!
 //! # Examples
 //!
 //! ```
 //! use tokio_rdma::core::{MsgHeader, MsgKind};
-//! let h = MsgHeader { kind: MsgKind::Last, credits: 7 };
+//! let h = MsgHeader { kind: MsgKind::Last, ctrl_ack: 3, credits: 7 };
 //! assert_eq!(MsgHeader::decode(h.encode()).unwrap(), h);
 //! assert!(MsgHeader::decode(0xf000_0000).is_err());
 //! ```
 #![forbid(unsafe_code)]
 
-use crate::error::{Error, Result};
+use crate::error::ProtocolError;
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -28,10 +39,15 @@ pub enum MsgKind {
     Last,
     /// A chunk of a user message that continues in the next one.
     More,
-    /// No payload: only returns credits (also used as a keepalive).
+    /// No payload: only returns credits.
     Credit,
     /// The sender closed its side: no more messages follow (end of stream).
     Close,
+    /// The sender withdrew the message in progress (its send was cancelled part-way): the
+    /// receiver discards the chunks received so far.
+    Abort,
+    /// The sender detected a protocol violation (code in the low 16 bits) and disconnects.
+    Error,
 }
 
 impl MsgKind {
@@ -41,7 +57,14 @@ impl MsgKind {
             MsgKind::More => 1,
             MsgKind::Credit => 2,
             MsgKind::Close => 3,
+            MsgKind::Abort => 4,
+            MsgKind::Error => 5,
         }
+    }
+
+    /// Whether the kind carries user payload (a chunk of a message).
+    pub fn is_data(self) -> bool {
+        matches!(self, MsgKind::Last | MsgKind::More)
     }
 }
 
@@ -50,41 +73,40 @@ impl MsgKind {
 pub struct MsgHeader {
     /// What the message is.
     pub kind: MsgKind,
-    /// Credits the sender returns with it.
+    /// The peer's control messages the sender has re-posted receives for (mod 256).
+    pub ctrl_ack: u8,
+    /// Credits the sender returns with it (for [`MsgKind::Error`]: the error code).
     pub credits: u16,
 }
 
 impl MsgHeader {
     /// Encodes into immediate data (host order; the verbs layer converts to network order).
     pub fn encode(&self) -> u32 {
-        (self.kind.code() << 28) | u32::from(self.credits)
+        (self.kind.code() << 28) | (u32::from(self.ctrl_ack) << 16) | u32::from(self.credits)
     }
 
     /// Decodes immediate data.
     ///
     /// # Errors
     ///
-    /// [`Error::Protocol`] for an unknown kind or non-zero reserved bits: the peer does not
-    /// speak this protocol version.
-    pub fn decode(imm: u32) -> Result<MsgHeader> {
+    /// [`ProtocolError::BadHeader`] for an unknown kind or non-zero reserved bits: the peer
+    /// does not speak this protocol version.
+    pub fn decode(imm: u32) -> Result<MsgHeader, ProtocolError> {
         let kind = match imm >> 28 {
             0 => MsgKind::Last,
             1 => MsgKind::More,
             2 => MsgKind::Credit,
             3 => MsgKind::Close,
-            k => {
-                return Err(Error::Protocol(format!(
-                    "unknown message kind {k} in immediate {imm:#010x}"
-                )));
-            }
+            4 => MsgKind::Abort,
+            5 => MsgKind::Error,
+            _ => return Err(ProtocolError::BadHeader(imm)),
         };
-        if imm & 0x0fff_0000 != 0 {
-            return Err(Error::Protocol(format!(
-                "reserved header bits set in immediate {imm:#010x}"
-            )));
+        if imm & 0x0f00_0000 != 0 {
+            return Err(ProtocolError::BadHeader(imm));
         }
         Ok(MsgHeader {
             kind,
+            ctrl_ack: (imm >> 16) as u8,
             credits: (imm & 0xffff) as u16,
         })
     }
@@ -101,9 +123,15 @@ mod tests {
             MsgKind::More,
             MsgKind::Credit,
             MsgKind::Close,
+            MsgKind::Abort,
+            MsgKind::Error,
         ] {
             for credits in [0u16, 1, 255, u16::MAX] {
-                let h = MsgHeader { kind, credits };
+                let h = MsgHeader {
+                    kind,
+                    ctrl_ack: credits as u8 ^ 0x5a,
+                    credits,
+                };
                 assert_eq!(MsgHeader::decode(h.encode()).unwrap(), h);
             }
         }
@@ -111,12 +139,10 @@ mod tests {
 
     #[test]
     fn rejects_unknown_kinds_and_reserved_bits() {
-        assert!(MsgHeader::decode(4 << 28).is_err());
-        assert!(
-            MsgHeader::decode(0x0001_0000)
-                .unwrap_err()
-                .to_string()
-                .contains("reserved")
+        assert_eq!(
+            MsgHeader::decode(6 << 28),
+            Err(ProtocolError::BadHeader(6 << 28))
         );
+        assert!(MsgHeader::decode(0x0100_0000).is_err());
     }
 }

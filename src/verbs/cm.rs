@@ -752,6 +752,24 @@ impl CmId {
         self.establish()
     }
 
+    /// Moves `qp` to RTS with the attributes RDMA CM computes, but with these transport and
+    /// RNR retry counts instead of the ones exchanged in the connection request (the passive
+    /// side otherwise inherits whatever the peer asked for).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InitQpAttr`] or [`Error::ModifyQp`].
+    pub fn modify_qp_rts_with_retries(
+        &self,
+        qp: &QueuePair,
+        retry_cnt: u8,
+        rnr_retry: u8,
+    ) -> Result<()> {
+        let mut attr = self.init_qp_attr(QpState::Rts)?;
+        attr.set_retries(retry_cnt, rnr_retry);
+        qp.modify_with_attr(&attr)
+    }
+
     /// Whether the id is bound to a device yet.
     pub fn has_device(&self) -> bool {
         self.verbs_ptr().is_some()

@@ -60,6 +60,21 @@ impl CmQpAttr {
         self
     }
 
+    /// Sets the transport retry count and the RNR retry count (an RTS transition; each 0..=7,
+    /// where an RNR retry count of 7 means "retry forever").
+    pub fn set_retries(&mut self, retry_cnt: u8, rnr_retry: u8) -> &mut Self {
+        self.attr.retry_cnt = retry_cnt.min(7);
+        self.attr.rnr_retry = rnr_retry.min(7);
+        self.mask |= (sys::IBV_QP_RETRY_CNT | sys::IBV_QP_RNR_RETRY) as i32;
+        self
+    }
+
+    /// The transport retry count the transition sets, if it sets it.
+    pub fn retry_cnt(&self) -> Option<u8> {
+        self.has(sys::IBV_QP_RETRY_CNT)
+            .then_some(self.attr.retry_cnt)
+    }
+
     /// The remote queue pair number (set for RTR).
     pub fn dest_qpn(&self) -> Option<u32> {
         self.has(sys::IBV_QP_DEST_QPN)

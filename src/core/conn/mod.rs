@@ -1,0 +1,649 @@
+//! [`ConnProto`]: the protocol of one message connection as a sans-IO state machine.
+//!
+//! Everything a connection decides lives here: credits in both directions, the order of
+//! messages and their chunking, reassembly, the receive budget, control messages (credit
+//! returns, end of stream, abort, error), keepalive deadlines, close and failure. It performs no
+//! I/O and reads no clock: the shell feeds it events and does what it asks, in the shape of
+//! quinn-proto's `Connection`:
+//!
+//! * user calls: [`start_send`](ConnProto::start_send) / [`poll_chunk`](ConnProto::poll_chunk)
+//!   / [`cancel_send`](ConnProto::cancel_send), [`poll_recv`](ConnProto::poll_recv) /
+//!   [`consumed`](ConnProto::consumed), [`close`](ConnProto::close);
+//! * what happened: [`handle_recv`](ConnProto::handle_recv) (a receive completed),
+//!   [`handle_control_done`](ConnProto::handle_control_done) (a control send completed),
+//!   [`handle_timeout`](ConnProto::handle_timeout), [`fail`](ConnProto::fail);
+//! * what to do next: [`recvs_to_post`](ConnProto::recvs_to_post) then
+//!   [`recvs_posted`](ConnProto::recvs_posted), [`poll_transmit`](ConnProto::poll_transmit)
+//!   (control messages), [`poll_timeout`](ConnProto::poll_timeout), and
+//!   [`take_wakers`](ConnProto::take_wakers) (tasks to wake, outside any lock).
+//!
+//! # Guarantees (each checked by the randomized tests in `tests.rs`)
+//!
+//! * **Message integrity.** Messages go out one at a time, in the order `start_send` was
+//!   called; a message's chunks are contiguous on the wire. A send cancelled after some of its
+//!   chunks were handed out is followed by an `Abort` before anything else, so the peer drops
+//!   the partial message; a send cancelled before its first chunk leaves no trace.
+//! * **Exactly once.** A delivered message leaves the queue only when `poll_recv` returns it.
+//! * **Bounded receive memory.** A data receive is re-posted (and its credit returned) only
+//!   while the application holds fewer than `recv_credits` receive buffers and fewer than
+//!   `recv_budget` bytes of received data; otherwise the sender waits.
+//! * **No deadlock, no receiver-not-ready.** Control messages have a window and receives of
+//!   their own (see [`Credits`]), so credit returns never wait for the peer's application and
+//!   never use a receive a data chunk was promised.
+//! * **Failures are loud.** A protocol violation fails the connection with its
+//!   [`ProtocolError`] (and tells the peer); a failure is never reported as a clean close; a
+//!   control message (or keepalive) unacknowledged for `keepalive_timeout` fails it with
+//!   [`QpFailure::KeepaliveTimeout`].
+#![forbid(unsafe_code)]
+
+mod credits;
+mod recv;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+pub use credits::{CONTROL_RECVS, CONTROL_WINDOW, Credits};
+
+use super::msg::{MsgHeader, MsgKind};
+use crate::error::{Error, ProtocolError, QpFailure};
+
+/// The parameters of one connection, from its handshake and options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnConfig {
+    /// Data chunks this side may have outstanding: the peer's receive credits.
+    pub send_credits: u32,
+    /// Data receives this side keeps posted for the peer: its own receive credits.
+    pub recv_credits: u32,
+    /// The largest chunk this side sends (the peer's receive buffer size).
+    pub max_send_size: u32,
+    /// The largest message in either direction.
+    pub max_message_size: u64,
+    /// Bytes of received data the application may hold before this side stops returning
+    /// credits (at least `max_message_size`).
+    pub recv_budget: u64,
+    /// Send a keepalive this often (`None`: never).
+    pub keepalive: Option<Duration>,
+    /// Fail the connection when a control message or keepalive is unacknowledged this long.
+    pub keepalive_timeout: Duration,
+}
+
+/// A chunk of a message to post now: `len` bytes at `offset` of the message, as a SEND with
+/// immediate data `imm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    /// Offset of the chunk in the message.
+    pub offset: u64,
+    /// Length of the chunk.
+    pub len: u32,
+    /// The immediate data (header) to send it with.
+    pub imm: u32,
+    /// Whether this is the message's last chunk.
+    pub last: bool,
+}
+
+/// A control message to post now: a zero-length SEND with immediate data `imm`. Report its
+/// completion with [`ConnProto::handle_control_done`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// What it is.
+    pub kind: MsgKind,
+    /// The immediate data (header).
+    pub imm: u32,
+}
+
+/// A message ready for the application.
+#[derive(Debug)]
+pub enum Delivery<B> {
+    /// A single-chunk message, still in its receive buffer (`len` bytes of it).
+    Buf {
+        /// The receive buffer.
+        buf: B,
+        /// Bytes of it that are the message.
+        len: usize,
+    },
+    /// A message reassembled from several chunks.
+    Assembled(Vec<u8>),
+}
+
+impl<B> Delivery<B> {
+    /// The message's length.
+    pub fn len(&self) -> usize {
+        match self {
+            Delivery::Buf { len, .. } => *len,
+            Delivery::Assembled(v) => v.len(),
+        }
+    }
+
+    /// Whether the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether it holds a receive buffer (report it with `consumed(true, ..)`).
+    pub fn holds_buffer(&self) -> bool {
+        matches!(self, Delivery::Buf { .. })
+    }
+}
+
+/// Counters of one connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnCounters {
+    /// User messages whose every chunk was handed out for sending.
+    pub messages_sent: u64,
+    /// User messages delivered.
+    pub messages_received: u64,
+    /// Payload bytes of the messages sent.
+    pub bytes_sent: u64,
+    /// Payload bytes of the messages delivered.
+    pub bytes_received: u64,
+    /// SENDs handed out (chunks and control messages).
+    pub sends: u64,
+    /// Receives completed.
+    pub receives: u64,
+    /// Credit messages (including keepalives) handed out.
+    pub credit_messages: u64,
+    /// Times a sender had to wait for a data credit.
+    pub credit_waits: u64,
+    /// Sends cancelled part-way (an abort went out).
+    pub aborts_sent: u64,
+    /// Partial messages the peer withdrew.
+    pub aborts_received: u64,
+    /// Data receives whose re-post waited for the application to consume (backpressure).
+    pub reposts_withheld: u64,
+}
+
+#[derive(Debug)]
+struct OutMsg {
+    id: u64,
+    len: u64,
+    offset: u64,
+    chunks: u32,
+    waker: Option<Waker>,
+}
+
+/// The protocol state machine of one connection. `B` is a receive buffer.
+#[derive(Debug)]
+pub struct ConnProto<B> {
+    cfg: ConnConfig,
+    credits: Credits,
+    failure: Option<QpFailure>,
+    /// The application asked to close: no new messages; `Close` goes out after the queue.
+    local_closed: bool,
+    /// Disconnect once end of stream is acknowledged, without waiting for the peer's.
+    full_close: bool,
+    close_sent: bool,
+    close_done: bool,
+    close_wakers: Vec<Waker>,
+    // Sending.
+    next_id: u64,
+    out: VecDeque<OutMsg>,
+    pending_abort: bool,
+    pending_error: Option<ProtocolError>,
+    error_sent: bool,
+    /// When each control message in flight (handed out, not completed) was handed out.
+    control_inflight: VecDeque<Instant>,
+    /// Since when a due control message waits for the peer's confirmation.
+    ctrl_blocked_since: Option<Instant>,
+    // Keepalive.
+    keepalive_due: bool,
+    next_keepalive: Option<Instant>,
+    // Receiving.
+    rx: recv::RecvState<B>,
+    wakers: Vec<Waker>,
+    driver_kick: bool,
+    counters: ConnCounters,
+}
+
+impl<B: AsRef<[u8]>> ConnProto<B> {
+    /// A connection just established with `cfg`, at time `now`. Its first receives are due
+    /// ([`recvs_to_post`](Self::recvs_to_post)): post them before the peer learns the credits.
+    pub fn new(cfg: ConnConfig, now: Instant) -> ConnProto<B> {
+        ConnProto {
+            credits: Credits::new(cfg.send_credits, cfg.recv_credits),
+            rx: recv::RecvState::new(&cfg),
+            cfg,
+            failure: None,
+            local_closed: false,
+            full_close: false,
+            close_sent: false,
+            close_done: false,
+            close_wakers: Vec::new(),
+            next_id: 0,
+            out: VecDeque::new(),
+            pending_abort: false,
+            pending_error: None,
+            error_sent: false,
+            control_inflight: VecDeque::new(),
+            ctrl_blocked_since: None,
+            keepalive_due: false,
+            next_keepalive: cfg.keepalive.map(|k| now + k),
+            wakers: Vec::new(),
+            driver_kick: false,
+            counters: ConnCounters::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ConnConfig {
+        &self.cfg
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> ConnCounters {
+        self.counters
+    }
+
+    /// The credit state (for diagnostics and tests).
+    pub fn credits(&self) -> &Credits {
+        &self.credits
+    }
+
+    /// The failure, if the connection failed.
+    pub fn failure(&self) -> Option<&QpFailure> {
+        self.failure.as_ref()
+    }
+
+    /// Bytes of received data the application holds (delivered or queued, and partial
+    /// messages), and receive buffers it holds.
+    pub fn held(&self) -> (u64, u32) {
+        (self.rx.held_bytes, self.rx.held_bufs)
+    }
+
+    /// Whether the peer sent end of stream.
+    pub fn peer_closed(&self) -> bool {
+        self.rx.peer_closed
+    }
+
+    /// Tasks to wake (after releasing any lock around the state machine).
+    pub fn take_wakers(&mut self) -> impl Iterator<Item = Waker> + '_ {
+        self.wakers.drain(..)
+    }
+
+    /// Whether the shell's driver has new work (receives to post, control messages, a new
+    /// timeout); clears the flag.
+    pub fn take_driver_kick(&mut self) -> bool {
+        std::mem::take(&mut self.driver_kick)
+    }
+
+    fn kick(&mut self) {
+        self.driver_kick = true;
+    }
+
+    fn failed_error(&self) -> Option<Error> {
+        self.failure.clone().map(Error::QpFailed)
+    }
+
+    // ---- sending -------------------------------------------------------------------------
+
+    /// Queues a message of `len` bytes; its chunks are handed out by
+    /// [`poll_chunk`](Self::poll_chunk) in queue order.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure; [`QpFailure::Closed`] after [`close`](Self::close);
+    /// [`Error::InvalidArgument`] for a message over the negotiated maximum.
+    pub fn start_send(&mut self, len: u64) -> Result<u64, Error> {
+        if let Some(e) = self.failed_error() {
+            return Err(e);
+        }
+        if self.local_closed {
+            return Err(Error::QpFailed(QpFailure::Closed));
+        }
+        if len > self.cfg.max_message_size {
+            return Err(Error::InvalidArgument(format!(
+                "message of {len} bytes exceeds the connection's limit of {}",
+                self.cfg.max_message_size
+            )));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.out.push_back(OutMsg {
+            id,
+            len,
+            offset: 0,
+            chunks: 0,
+            waker: None,
+        });
+        Ok(id)
+    }
+
+    /// Ready once message `id` is the one being sent (all before it went out whole or were
+    /// cancelled, and any abort is posted): then acquire the staging buffer for its next chunk
+    /// and call [`poll_chunk`](Self::poll_chunk). Only the message whose turn it is should hold
+    /// a staging buffer, so waiting messages never starve it.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure.
+    pub fn poll_turn(&mut self, id: u64, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if let Some(e) = self.failed_error() {
+            return Poll::Ready(Err(e));
+        }
+        if !self.pending_abort && self.out.front().is_some_and(|m| m.id == id) {
+            return Poll::Ready(Ok(()));
+        }
+        self.park(id, cx);
+        Poll::Pending
+    }
+
+    fn park(&mut self, id: u64, cx: &mut Context<'_>) {
+        let msg = self
+            .out
+            .iter_mut()
+            .find(|m| m.id == id)
+            .expect("message is queued");
+        match &msg.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => msg.waker = Some(cx.waker().clone()),
+        }
+    }
+
+    /// The next chunk of message `id`, once it is the message being sent and a data credit is
+    /// free. The caller must post the chunk (copying `len` bytes at `offset`) before the next
+    /// call that may hand out a SEND, so the wire order is the order of hand-out.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure.
+    ///
+    /// # Panics
+    ///
+    /// If `id` is not queued (already finished or cancelled).
+    pub fn poll_chunk(&mut self, id: u64, cx: &mut Context<'_>) -> Poll<Result<Chunk, Error>> {
+        if let Some(e) = self.failed_error() {
+            return Poll::Ready(Err(e));
+        }
+        let blocked = self.pending_abort || self.out.front().is_none_or(|m| m.id != id);
+        if blocked || !self.credits.try_take_data() {
+            if !blocked {
+                self.counters.credit_waits += 1;
+            }
+            self.park(id, cx);
+            return Poll::Pending;
+        }
+        let msg = self.out.front_mut().expect("checked above");
+        let len = (msg.len - msg.offset).min(u64::from(self.cfg.max_send_size)) as u32;
+        let offset = msg.offset;
+        msg.offset += u64::from(len);
+        msg.chunks += 1;
+        let last = msg.offset == msg.len;
+        let kind = if last { MsgKind::Last } else { MsgKind::More };
+        let imm = self.header(kind);
+        self.counters.sends += 1;
+        if last {
+            let done = self.out.pop_front().expect("front");
+            self.counters.messages_sent += 1;
+            self.counters.bytes_sent += done.len;
+            self.wake_front();
+        }
+        Poll::Ready(Ok(Chunk {
+            offset,
+            len,
+            imm,
+            last,
+        }))
+    }
+
+    /// The send of message `id` was dropped. Not started: forgotten. Part-way: an `Abort`
+    /// goes out before anything else, so the peer drops the partial message. Already fully
+    /// handed out: nothing to do (the message is complete on the wire).
+    pub fn cancel_send(&mut self, id: u64) {
+        let Some(pos) = self.out.iter().position(|m| m.id == id) else {
+            return;
+        };
+        let msg = self.out.remove(pos).expect("found");
+        if msg.chunks > 0 {
+            self.pending_abort = true;
+            self.counters.aborts_sent += 1;
+            self.kick();
+        }
+        if pos == 0 {
+            self.wake_front();
+        }
+        self.check_close_ready();
+    }
+
+    fn wake_front(&mut self) {
+        if let Some(w) = self.out.front_mut().and_then(|m| m.waker.take()) {
+            self.wakers.push(w);
+        }
+    }
+
+    /// Closes this side: no new messages; end of stream goes out after the queued ones.
+    pub fn close(&mut self) {
+        if !self.local_closed {
+            self.local_closed = true;
+            self.check_close_ready();
+        }
+    }
+
+    /// Closes fully: end of stream after the queued messages, then disconnect without
+    /// waiting for the peer's end of stream.
+    pub fn close_full(&mut self) {
+        self.full_close = true;
+        self.close();
+        self.kick();
+    }
+
+    /// Whether the shell should disconnect now and drain: the connection failed (after any
+    /// error report went out), or both sides closed, or a full close finished.
+    pub fn should_disconnect(&self) -> bool {
+        if self.failure.is_some() {
+            return !self.error_report_pending();
+        }
+        self.close_done && (self.full_close || self.rx.peer_closed)
+    }
+
+    fn check_close_ready(&mut self) {
+        if self.local_closed && !self.close_sent && self.out.is_empty() {
+            self.kick();
+        }
+    }
+
+    /// Ready once end of stream was sent and acknowledged (or the connection failed).
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure, if it failed before end of stream was acknowledged.
+    pub fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if self.close_done {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(e) = self.failed_error() {
+            return Poll::Ready(Err(e));
+        }
+        if !self.close_wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            self.close_wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    fn header(&mut self, kind: MsgKind) -> u32 {
+        MsgHeader {
+            kind,
+            ctrl_ack: self.credits.take_ctrl_ack(),
+            credits: self.credits.take_owed(),
+        }
+        .encode()
+    }
+
+    /// The next control message to post, if one is due and the control window has room: a
+    /// pending error report, an abort, end of stream, a keepalive, or a credit return.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if let Some(e) = self.pending_error {
+            if self.error_sent || !self.take_control(now, true) {
+                return None;
+            }
+            self.error_sent = true;
+            let imm = MsgHeader {
+                kind: MsgKind::Error,
+                ctrl_ack: self.credits.take_ctrl_ack(),
+                credits: e.code(),
+            }
+            .encode();
+            return Some(Transmit {
+                kind: MsgKind::Error,
+                imm,
+            });
+        }
+        if self.failure.is_some() {
+            return None;
+        }
+        let kind = if self.pending_abort {
+            MsgKind::Abort
+        } else if self.local_closed && !self.close_sent && self.out.is_empty() {
+            MsgKind::Close
+        } else if self.keepalive_due
+            || self.credits.credit_message_due()
+            || self.credits.confirm_due()
+        {
+            MsgKind::Credit
+        } else {
+            self.ctrl_blocked_since = None;
+            return None;
+        };
+        let confirm_only = kind == MsgKind::Credit && self.credits.confirm_due();
+        if !self.take_control(now, confirm_only) {
+            // The peer has not confirmed our last control messages yet.
+            self.ctrl_blocked_since.get_or_insert(now);
+            return None;
+        }
+        self.ctrl_blocked_since = None;
+        match kind {
+            MsgKind::Abort => {
+                self.pending_abort = false;
+                self.wake_front();
+            }
+            MsgKind::Close => self.close_sent = true,
+            _ => {
+                self.keepalive_due = false;
+                self.counters.credit_messages += 1;
+            }
+        }
+        let imm = self.header(kind);
+        Some(Transmit { kind, imm })
+    }
+
+    fn take_control(&mut self, now: Instant, confirm_only: bool) -> bool {
+        if !self.credits.try_take_control(confirm_only) {
+            return false;
+        }
+        self.control_inflight.push_back(now);
+        self.counters.sends += 1;
+        true
+    }
+
+    /// A control message handed out by [`poll_transmit`](Self::poll_transmit) completed.
+    pub fn handle_control_done(
+        &mut self,
+        kind: MsgKind,
+        result: Result<(), QpFailure>,
+        now: Instant,
+    ) {
+        self.control_inflight.pop_front();
+        if let Err(cause) = result {
+            self.fail(cause);
+            return;
+        }
+        if kind == MsgKind::Close {
+            self.close_done = true;
+            self.wakers.append(&mut self.close_wakers);
+        }
+        if kind == MsgKind::Credit {
+            if let Some(k) = self.cfg.keepalive {
+                self.next_keepalive = Some(now + k);
+            }
+        }
+        self.kick();
+    }
+
+    // ---- time ----------------------------------------------------------------------------
+
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.failure.is_some() {
+            return None;
+        }
+        let oldest = match (self.control_inflight.front(), self.ctrl_blocked_since) {
+            (Some(&a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.copied().or(b),
+        };
+        let deadline = oldest.map(|t| t + self.cfg.keepalive_timeout);
+        let keepalive = if self.keepalive_due {
+            None
+        } else {
+            self.next_keepalive
+        };
+        match (deadline, keepalive) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Time passed: a keepalive may be due, or a control message overdue (the peer is gone).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.failure.is_some() {
+            return;
+        }
+        let oldest = [
+            self.control_inflight.front().copied(),
+            self.ctrl_blocked_since,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        if let Some(since) = oldest {
+            if now.duration_since(since) >= self.cfg.keepalive_timeout {
+                self.fail(QpFailure::KeepaliveTimeout(self.cfg.keepalive_timeout));
+                return;
+            }
+        }
+        if let Some(at) = self.next_keepalive {
+            if now >= at && !self.keepalive_due {
+                self.keepalive_due = true;
+                self.next_keepalive = self.cfg.keepalive.map(|k| now + k);
+                self.kick();
+            }
+        }
+    }
+
+    // ---- failure -------------------------------------------------------------------------
+
+    /// Fails the connection with `cause` (the first cause is kept). Every waiting task is
+    /// woken; every later call reports the failure. Returns whether this was the first
+    /// failure (the shell then moves the queue pair to the error state and disconnects, after
+    /// the error report, if one is pending, went out).
+    pub fn fail(&mut self, cause: QpFailure) -> bool {
+        if self.failure.is_some() {
+            return false;
+        }
+        self.failure = Some(cause);
+        for m in &mut self.out {
+            if let Some(w) = m.waker.take() {
+                self.wakers.push(w);
+            }
+        }
+        self.wakers.append(&mut self.close_wakers);
+        self.rx.wake_all(&mut self.wakers);
+        self.kick();
+        true
+    }
+
+    /// The peer broke the protocol: fail with [`QpFailure::Protocol`] and queue an error
+    /// report to the peer.
+    fn violation(&mut self, e: ProtocolError) {
+        if self.fail(QpFailure::Protocol(e)) {
+            self.pending_error = Some(e);
+        }
+    }
+
+    /// Whether an error report to the peer is still to go out (hold the disconnect until it
+    /// completed or timed out).
+    pub fn error_report_pending(&self) -> bool {
+        self.pending_error.is_some() && (!self.error_sent || !self.control_inflight.is_empty())
+    }
+}

@@ -1,0 +1,260 @@
+//! The receive side of [`ConnProto`]: posted receives, reassembly, the delivery queue and the
+//! receive budget.
+
+use std::collections::VecDeque;
+use std::task::{Context, Poll, Waker};
+
+use super::credits::CONTROL_RECVS;
+use super::{ConnConfig, ConnProto, Delivery};
+use crate::core::msg::{MsgHeader, MsgKind};
+use crate::error::{Error, ProtocolError, QpFailure};
+
+#[derive(Debug)]
+pub(super) struct RecvState<B> {
+    /// Receives on the device.
+    pub(super) posted: u32,
+    /// The first receives to post (announced in the handshake).
+    due_initial: u32,
+    /// Receives of control messages to re-post (each confirmed in `ctrl ack`).
+    due_ctrl: u32,
+    /// Receives to post that each return a data credit.
+    due_data: u32,
+    /// Data receives whose re-post waits for the application to consume.
+    withheld: u32,
+    assembling: Option<Vec<u8>>,
+    ready: VecDeque<Delivery<B>>,
+    wakers: Vec<Waker>,
+    /// Received data the application holds: queued, delivered and not dropped, or partial.
+    pub(super) held_bytes: u64,
+    /// Receive buffers the application holds (single-chunk messages are not copied).
+    pub(super) held_bufs: u32,
+    pub(super) peer_closed: bool,
+}
+
+impl<B> RecvState<B> {
+    pub(super) fn new(cfg: &ConnConfig) -> RecvState<B> {
+        RecvState {
+            posted: 0,
+            due_initial: cfg.recv_credits + CONTROL_RECVS,
+            due_ctrl: 0,
+            due_data: 0,
+            withheld: 0,
+            assembling: None,
+            ready: VecDeque::new(),
+            wakers: Vec::new(),
+            held_bytes: 0,
+            held_bufs: 0,
+            peer_closed: false,
+        }
+    }
+
+    pub(super) fn wake_all(&mut self, out: &mut Vec<Waker>) {
+        out.append(&mut self.wakers);
+    }
+}
+
+impl<B: AsRef<[u8]>> ConnProto<B> {
+    /// Receives to post now (each into a receive buffer of the negotiated size). Report what
+    /// was posted with [`recvs_posted`](Self::recvs_posted).
+    pub fn recvs_to_post(&self) -> u32 {
+        if self.failure.is_some() {
+            return 0;
+        }
+        self.rx.due_initial + self.rx.due_ctrl + self.rx.due_data
+    }
+
+    /// `n` receives (at most [`recvs_to_post`](Self::recvs_to_post)) were posted.
+    pub fn recvs_posted(&mut self, n: u32) {
+        let initial = n.min(self.rx.due_initial);
+        self.rx.due_initial -= initial;
+        let ctrl = (n - initial).min(self.rx.due_ctrl);
+        self.rx.due_ctrl -= ctrl;
+        for _ in 0..ctrl {
+            self.credits.on_ctrl_reposted();
+        }
+        let data = (n - initial - ctrl).min(self.rx.due_data);
+        self.rx.due_data -= data;
+        for _ in 0..data {
+            self.credits.on_data_reposted();
+        }
+        self.rx.posted += initial + ctrl + data;
+        if self.credits.credit_message_due() || self.credits.confirm_due() {
+            self.kick();
+        }
+    }
+
+    /// A posted receive completed: `Ok((len, imm))` or the failure of its work completion;
+    /// `buf` is the receive buffer.
+    pub fn handle_recv(&mut self, result: Result<(u32, Option<u32>), QpFailure>, buf: B) {
+        self.rx.posted = self.rx.posted.saturating_sub(1);
+        let (len, imm) = match result {
+            Ok(r) => r,
+            Err(cause) => {
+                self.fail(cause);
+                return;
+            }
+        };
+        if self.failure.is_some() {
+            return;
+        }
+        self.counters.receives += 1;
+        if let Err(e) = self.receive(len, imm, buf) {
+            self.violation(e);
+        }
+    }
+
+    fn receive(&mut self, len: u32, imm: Option<u32>, buf: B) -> Result<(), ProtocolError> {
+        let header = MsgHeader::decode(imm.ok_or(ProtocolError::NoImmediate)?)?;
+        if header.kind != MsgKind::Error {
+            self.credits.on_ctrl_ack(header.ctrl_ack)?;
+        }
+        if !header.kind.is_data() {
+            if len > 0 {
+                return Err(ProtocolError::ControlWithPayload(len));
+            }
+            drop(buf);
+            return self.receive_control(header);
+        }
+        if self.rx.peer_closed {
+            return Err(ProtocolError::DataAfterClose);
+        }
+        self.credits.on_data_received()?;
+        self.credits.on_returned(u32::from(header.credits))?;
+        self.wake_front();
+        let so_far = self.rx.assembling.as_ref().map_or(0, Vec::len) as u64 + u64::from(len);
+        if so_far > self.cfg.max_message_size {
+            return Err(ProtocolError::MessageTooLarge(self.cfg.max_message_size));
+        }
+        let data = buf.as_ref();
+        let len = len as usize;
+        if len > data.len() {
+            // The device never reports more than the buffer holds; treat it as a lie.
+            return Err(ProtocolError::MessageTooLarge(data.len() as u64));
+        }
+        self.rx.held_bytes += len as u64;
+        match (header.kind, self.rx.assembling.take()) {
+            (MsgKind::More, acc) => {
+                let mut acc = acc.unwrap_or_default();
+                acc.extend_from_slice(&data[..len]);
+                self.rx.assembling = Some(acc);
+                drop(buf);
+            }
+            (_, Some(mut acc)) => {
+                acc.extend_from_slice(&data[..len]);
+                drop(buf);
+                self.deliver(Delivery::Assembled(acc));
+            }
+            (_, None) => {
+                self.rx.held_bufs += 1;
+                self.deliver(Delivery::Buf { buf, len });
+            }
+        }
+        self.repost_data();
+        Ok(())
+    }
+
+    fn receive_control(&mut self, header: MsgHeader) -> Result<(), ProtocolError> {
+        if header.kind == MsgKind::Error {
+            self.fail(QpFailure::PeerReported(ProtocolError::from_code(
+                header.credits,
+            )));
+            return Ok(());
+        }
+        self.credits.on_returned(u32::from(header.credits))?;
+        self.wake_front();
+        match header.kind {
+            MsgKind::Close => {
+                if self.rx.assembling.is_some() {
+                    return Err(ProtocolError::CloseMidMessage);
+                }
+                if self.rx.peer_closed {
+                    return Err(ProtocolError::DataAfterClose);
+                }
+                self.rx.peer_closed = true;
+                self.rx.wake_all(&mut self.wakers);
+            }
+            MsgKind::Abort => {
+                let Some(partial) = self.rx.assembling.take() else {
+                    return Err(ProtocolError::StrayAbort);
+                };
+                self.rx.held_bytes -= partial.len() as u64;
+                self.counters.aborts_received += 1;
+                self.release_withheld();
+            }
+            _ => {}
+        }
+        // A control message's receive goes straight back (confirmed in `ctrl ack`).
+        self.rx.due_ctrl += 1;
+        self.kick();
+        Ok(())
+    }
+
+    fn deliver(&mut self, d: Delivery<B>) {
+        self.counters.messages_received += 1;
+        self.counters.bytes_received += d.len() as u64;
+        self.rx.ready.push_back(d);
+        self.rx.wake_all(&mut self.wakers);
+    }
+
+    fn may_repost(&self) -> bool {
+        self.rx.held_bufs < self.cfg.recv_credits && self.rx.held_bytes < self.cfg.recv_budget
+    }
+
+    /// A data receive completed: re-post it now if the budget allows, else later.
+    fn repost_data(&mut self) {
+        if self.may_repost() {
+            self.rx.due_data += 1;
+            self.kick();
+        } else {
+            self.rx.withheld += 1;
+            self.counters.reposts_withheld += 1;
+        }
+    }
+
+    fn release_withheld(&mut self) {
+        while self.rx.withheld > 0 && self.may_repost() {
+            self.rx.withheld -= 1;
+            self.rx.due_data += 1;
+            self.kick();
+        }
+    }
+
+    /// The next message, `Ok(None)` after the peer's end of stream (every message sent before
+    /// it was delivered), or the connection's failure. A message leaves the queue only when
+    /// returned here. When the application is done with it, report
+    /// [`consumed`](Self::consumed).
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure (never reported as end of stream).
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Delivery<B>>, Error>> {
+        if let Some(d) = self.rx.ready.pop_front() {
+            return Poll::Ready(Ok(Some(d)));
+        }
+        if self.rx.peer_closed {
+            return Poll::Ready(Ok(None));
+        }
+        if let Some(e) = self.failed_error() {
+            return Poll::Ready(Err(e));
+        }
+        if !self.rx.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            if self.rx.wakers.len() >= 64 {
+                // Receives dropped while waiting leave their wakers behind: wake them all
+                // (harmless) rather than let the list grow.
+                self.rx.wake_all(&mut self.wakers);
+            }
+            self.rx.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// The application dropped a delivered message of `len` bytes (`buffer`: it held a
+    /// receive buffer, [`Delivery::holds_buffer`]). Withheld receives may go back.
+    pub fn consumed(&mut self, buffer: bool, len: usize) {
+        self.rx.held_bytes = self.rx.held_bytes.saturating_sub(len as u64);
+        if buffer {
+            self.rx.held_bufs = self.rx.held_bufs.saturating_sub(1);
+        }
+        self.release_withheld();
+    }
+}

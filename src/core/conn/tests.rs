@@ -1,0 +1,645 @@
+//! Two [`ConnProto`]s joined by a simulated reliable-connected wire, driven by random
+//! interleavings of sends, cancellations, reads, stalls, completions, timeouts and failures.
+//! Every step checks the invariants; every run ends with a drain that must deliver exactly
+//! the committed messages, in order, without deadlock.
+
+#![allow(clippy::print_stdout)]
+
+use std::collections::VecDeque;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::error::QpFailure;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A message's bytes: its number, then a pattern derived from it.
+fn message(no: u64, len: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..len).map(|i| (no as usize * 31 + i * 7) as u8).collect();
+    let id = no.to_le_bytes();
+    let n = len.min(8);
+    v[..n].copy_from_slice(&id[..n]);
+    v
+}
+
+#[derive(Debug)]
+struct Packet {
+    imm: u32,
+    payload: Vec<u8>,
+    control: Option<MsgKind>,
+}
+
+struct Active {
+    id: u64,
+    no: u64,
+    data: Vec<u8>,
+}
+
+struct Side {
+    proto: ConnProto<Vec<u8>>,
+    active: Vec<Active>,
+    next_no: u64,
+    /// Messages whose last chunk went out (the peer must deliver exactly these, in order).
+    committed: Vec<u64>,
+    delivered: Vec<u64>,
+    /// Receives on the simulated device.
+    rq: u32,
+    held: Vec<Delivery<Vec<u8>>>,
+    stalled: u32,
+    closed: bool,
+    saw_eof: bool,
+}
+
+struct Sim {
+    rng: Rng,
+    now: Instant,
+    sides: [Side; 2],
+    /// In flight from side i to side 1 - i.
+    wire: [VecDeque<Packet>; 2],
+    /// Received by the peer, completion not yet seen by side i.
+    acks: [VecDeque<Packet>; 2],
+    cfg: ConnConfig,
+}
+
+fn config(credits: u32, chunk: u32) -> ConnConfig {
+    ConnConfig {
+        send_credits: credits,
+        recv_credits: credits,
+        max_send_size: chunk,
+        max_message_size: u64::from(chunk) * 6,
+        recv_budget: u64::from(chunk) * 8,
+        keepalive: Some(Duration::from_millis(50)),
+        keepalive_timeout: Duration::from_secs(3600),
+    }
+}
+
+impl Sim {
+    fn new(seed: u64, cfg: ConnConfig) -> Sim {
+        let now = Instant::now();
+        let side = || Side {
+            proto: ConnProto::new(cfg, now),
+            active: Vec::new(),
+            next_no: 0,
+            committed: Vec::new(),
+            delivered: Vec::new(),
+            rq: 0,
+            held: Vec::new(),
+            stalled: 0,
+            closed: false,
+            saw_eof: false,
+        };
+        let mut sides = [side(), side()];
+        for s in &mut sides {
+            // The shell posts the first receives before the handshake completes.
+            let n = s.proto.recvs_to_post();
+            s.rq = n;
+            s.proto.recvs_posted(n);
+        }
+        Sim {
+            rng: Rng(seed | 1),
+            now,
+            sides,
+            wire: [VecDeque::new(), VecDeque::new()],
+            acks: [VecDeque::new(), VecDeque::new()],
+            cfg,
+        }
+    }
+
+    fn cx() -> Context<'static> {
+        Context::from_waker(futures::task::noop_waker_ref())
+    }
+
+    fn start_send(&mut self, i: usize) {
+        let s = &mut self.sides[i];
+        if s.closed || s.active.len() >= 3 {
+            return;
+        }
+        let max = self.cfg.max_send_size as u64 * 4;
+        let len = 8 + self.rng.below(max + 1) as usize;
+        let no = s.next_no;
+        let id = s.proto.start_send(len as u64).expect("start");
+        s.next_no += 1;
+        s.active.push(Active {
+            id,
+            no,
+            data: message(no, len),
+        });
+    }
+
+    fn poll_chunk(&mut self, i: usize) {
+        let s = &mut self.sides[i];
+        if s.active.is_empty() {
+            return;
+        }
+        let k = self.rng.below(s.active.len() as u64) as usize;
+        let a = &s.active[k];
+        if let Poll::Ready(r) = s.proto.poll_chunk(a.id, &mut Self::cx()) {
+            let c = r.expect("chunk");
+            let start = c.offset as usize;
+            let payload = a.data[start..start + c.len as usize].to_vec();
+            self.wire[i].push_back(Packet {
+                imm: c.imm,
+                payload,
+                control: None,
+            });
+            if c.last {
+                let a = s.active.remove(k);
+                s.committed.push(a.no);
+            }
+        }
+    }
+
+    fn cancel(&mut self, i: usize) {
+        let s = &mut self.sides[i];
+        if s.active.is_empty() {
+            return;
+        }
+        let k = self.rng.below(s.active.len() as u64) as usize;
+        let a = s.active.remove(k);
+        s.proto.cancel_send(a.id);
+    }
+
+    fn drive(&mut self, i: usize) {
+        let s = &mut self.sides[i];
+        let n = s.proto.recvs_to_post();
+        s.rq += n;
+        s.proto.recvs_posted(n);
+        while let Some(t) = s.proto.poll_transmit(self.now) {
+            self.wire[i].push_back(Packet {
+                imm: t.imm,
+                payload: Vec::new(),
+                control: Some(t.kind),
+            });
+        }
+        let _ = s.proto.take_driver_kick();
+        let _ = s.proto.take_wakers().count();
+    }
+
+    /// Delivers the oldest packet from side i to its peer. Returns false if nothing moved.
+    fn deliver(&mut self, i: usize) -> bool {
+        let j = 1 - i;
+        let Some(p) = self.wire[i].front() else {
+            return false;
+        };
+        if self.sides[j].rq == 0 {
+            panic!(
+                "{} found no posted receive (receiver not ready): {}",
+                if p.control.is_some() {
+                    "a control message"
+                } else {
+                    "a data chunk"
+                },
+                self.describe()
+            );
+        }
+        let p = self.wire[i].pop_front().expect("front");
+        let r = &mut self.sides[j];
+        r.rq -= 1;
+        let mut buf = vec![0u8; self.cfg.max_send_size as usize];
+        buf[..p.payload.len()].copy_from_slice(&p.payload);
+        r.proto
+            .handle_recv(Ok((p.payload.len() as u32, Some(p.imm))), buf);
+        assert!(
+            r.proto.failure().is_none(),
+            "side {j} failed: {:?}",
+            r.proto.failure()
+        );
+        self.acks[i].push_back(p);
+        true
+    }
+
+    fn ack(&mut self, i: usize) {
+        if let Some(p) = self.acks[i].pop_front() {
+            if let Some(kind) = p.control {
+                self.sides[i]
+                    .proto
+                    .handle_control_done(kind, Ok(()), self.now);
+            }
+        }
+    }
+
+    fn read(&mut self, i: usize) {
+        let s = &mut self.sides[i];
+        if let Poll::Ready(r) = s.proto.poll_recv(&mut Self::cx()) {
+            match r.expect("recv") {
+                Some(d) => {
+                    let bytes: &[u8] = match &d {
+                        Delivery::Buf { buf, len } => &buf[..*len],
+                        Delivery::Assembled(v) => v,
+                    };
+                    assert!(!s.saw_eof, "a message after end of stream");
+                    let no = u64::from_le_bytes(bytes[..8].try_into().expect("8-byte id"));
+                    let expect = message(no, bytes.len());
+                    assert!(bytes == &expect[..], "message {no} intact");
+                    s.delivered.push(no);
+                    s.held.push(d);
+                }
+                None => s.saw_eof = true,
+            }
+        }
+    }
+
+    fn drop_held(&mut self, i: usize) {
+        let s = &mut self.sides[i];
+        if s.held.is_empty() {
+            return;
+        }
+        let k = self.rng.below(s.held.len() as u64) as usize;
+        let d = s.held.swap_remove(k);
+        s.proto.consumed(d.holds_buffer(), d.len());
+    }
+
+    fn check(&self) {
+        for (i, s) in self.sides.iter().enumerate() {
+            let peer = &self.sides[1 - i];
+            // Exactly the peer's committed messages, in order: cancelled ones never appear.
+            assert!(
+                peer.committed.starts_with(&s.delivered),
+                "delivered {:?} is not a prefix of committed {:?}",
+                s.delivered,
+                peer.committed
+            );
+            let (bytes, bufs) = s.proto.held();
+            let c = self.cfg;
+            assert!(
+                bytes <= c.recv_budget + u64::from(c.max_send_size) * u64::from(c.send_credits),
+                "held {bytes} bytes: over budget"
+            );
+            assert!(
+                s.rq + bufs <= 2 * c.recv_credits + CONTROL_RECVS,
+                "receive buffers in use {} + {}: over the pool",
+                s.rq,
+                bufs
+            );
+        }
+    }
+
+    fn step(&mut self) {
+        let i = self.rng.below(2) as usize;
+        match self.rng.below(20) {
+            0 | 1 => self.start_send(i),
+            2..=5 => self.poll_chunk(i),
+            6 if self.rng.chance(30) => self.cancel(i),
+            7 | 8 => self.drive(i),
+            9..=11 => {
+                self.deliver(i);
+            }
+            12 | 13 => self.ack(i),
+            14 | 15 => {
+                if self.sides[i].stalled == 0 {
+                    self.read(i);
+                }
+            }
+            16 => {
+                if self.sides[i].stalled == 0 {
+                    self.drop_held(i);
+                }
+            }
+            17 => {
+                if self.rng.chance(5) {
+                    self.sides[i].stalled = 200 + self.rng.below(800) as u32;
+                }
+            }
+            _ => {
+                self.now += Duration::from_millis(self.rng.below(20));
+                for s in &mut self.sides {
+                    s.proto.handle_timeout(self.now);
+                }
+            }
+        }
+        for s in &mut self.sides {
+            s.stalled = s.stalled.saturating_sub(1);
+        }
+        self.check();
+    }
+
+    /// Everyone reads and finishes; nothing new starts. Must reach quiescence.
+    fn drain(&mut self) {
+        for s in &mut self.sides {
+            s.stalled = 0;
+        }
+        let mut idle_rounds = 0;
+        for _ in 0..200_000 {
+            let before = self.progress_marker();
+            for i in 0..2 {
+                self.poll_chunk(i);
+                self.drive(i);
+                while self.deliver(i) {}
+                while !self.acks[i].is_empty() {
+                    self.ack(i);
+                }
+                self.read(i);
+                while !self.sides[i].held.is_empty() {
+                    self.drop_held(i);
+                }
+            }
+            self.check();
+            if self.quiescent() {
+                return;
+            }
+            if self.progress_marker() == before {
+                idle_rounds += 1;
+                assert!(idle_rounds < 1000, "deadlock: {}", self.describe());
+            } else {
+                idle_rounds = 0;
+            }
+        }
+        panic!("no quiescence: {}", self.describe());
+    }
+
+    fn progress_marker(&self) -> (usize, usize, usize, usize, usize, usize) {
+        (
+            self.sides[0].delivered.len(),
+            self.sides[1].delivered.len(),
+            self.sides[0].committed.len() + self.sides[0].active.len(),
+            self.sides[1].committed.len() + self.sides[1].active.len(),
+            self.wire[0].len() + self.acks[0].len(),
+            self.wire[1].len() + self.acks[1].len(),
+        )
+    }
+
+    fn quiescent(&self) -> bool {
+        (0..2).all(|i| {
+            let s = &self.sides[i];
+            s.active.is_empty()
+                && self.wire[i].is_empty()
+                && self.acks[i].is_empty()
+                && self.sides[1 - i].delivered.len() == s.committed.len()
+        })
+    }
+
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        for (i, s) in self.sides.iter().enumerate() {
+            out += &format!(
+                "\nside {i}: active {} committed {} delivered {} rq {} held {:?} credits {:?} wire {} acks {}",
+                s.active.len(),
+                s.committed.len(),
+                s.delivered.len(),
+                s.rq,
+                s.proto.held(),
+                s.proto.credits(),
+                self.wire[i].len(),
+                self.acks[i].len()
+            );
+        }
+        out
+    }
+}
+
+#[test]
+fn random_interleavings_deliver_exactly_the_committed_messages() {
+    let mut totals = (0u64, 0u64, 0u64, 0u64);
+    for seed in 0..200u64 {
+        let credits = 2 + (seed % 7) as u32;
+        let chunk = [64u32, 100, 256][(seed % 3) as usize];
+        let mut sim = Sim::new(
+            seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xdead_beef,
+            config(credits, chunk),
+        );
+        for _ in 0..3000 {
+            sim.step();
+        }
+        sim.drain();
+        for s in &sim.sides {
+            let c = s.proto.counters();
+            totals.0 += c.messages_received;
+            totals.1 += c.aborts_received;
+            totals.2 += c.reposts_withheld;
+            totals.3 += c.credit_messages;
+            assert_eq!(s.proto.held(), (0, 0), "everything consumed");
+        }
+    }
+    println!(
+        "delivered {} messages, {} aborts, {} withheld re-posts, {} credit messages",
+        totals.0, totals.1, totals.2, totals.3
+    );
+    assert!(
+        totals.0 > 5_000 && totals.1 > 100 && totals.2 > 100,
+        "{totals:?}"
+    );
+}
+
+#[test]
+fn a_slow_reader_bounds_memory_and_slows_the_sender() {
+    let cfg = config(4, 256);
+    let mut sim = Sim::new(7, cfg);
+    sim.sides[1].stalled = u32::MAX;
+    for _ in 0..20_000 {
+        sim.start_send(0);
+        sim.poll_chunk(0);
+        sim.drive(0);
+        sim.drive(1);
+        sim.deliver(0);
+        sim.deliver(1);
+        sim.ack(0);
+        sim.ack(1);
+        sim.check();
+    }
+    let (bytes, _) = sim.sides[1].proto.held();
+    assert!(bytes <= cfg.recv_budget + 256 * 4);
+    let sent = sim.sides[0].committed.len();
+    assert!(
+        sent < 100,
+        "the sender was held back: {sent} messages committed"
+    );
+    sim.drain();
+}
+
+#[test]
+fn close_after_messages_gives_end_of_stream_after_all_of_them() {
+    for seed in 0..50 {
+        let mut sim = Sim::new(seed + 1000, config(3, 64));
+        for _ in 0..500 {
+            sim.step();
+        }
+        // Sends still queued are cancelled (their futures dropped); close goes out after.
+        for a in std::mem::take(&mut sim.sides[0].active) {
+            sim.sides[0].proto.cancel_send(a.id);
+        }
+        sim.sides[0].proto.close();
+        sim.sides[0].closed = true;
+        assert!(
+            sim.sides[0].proto.start_send(1).is_err(),
+            "no sends after close"
+        );
+        sim.drain();
+        for _ in 0..10 {
+            sim.read(1);
+        }
+        assert!(sim.sides[1].saw_eof, "end of stream seen");
+        assert_eq!(sim.sides[1].delivered.len(), sim.sides[0].committed.len());
+    }
+}
+
+#[test]
+fn a_failure_resolves_every_waiter_and_is_never_a_clean_close() {
+    let mut sim = Sim::new(42, config(2, 64));
+    for _ in 0..300 {
+        sim.step();
+    }
+    let p = &mut sim.sides[0].proto;
+    assert!(p.fail(QpFailure::Disconnected));
+    assert!(!p.fail(QpFailure::Flushed), "the first cause is kept");
+    let mut cx = Sim::cx();
+    // Queued messages may still be read; then the failure, not end of stream.
+    loop {
+        match p.poll_recv(&mut cx) {
+            Poll::Ready(Ok(Some(_))) => continue,
+            Poll::Ready(Err(Error::QpFailed(QpFailure::Disconnected))) => break,
+            other => panic!("expected the failure, got {other:?}"),
+        }
+    }
+    assert!(p.start_send(1).is_err());
+    assert!(matches!(p.poll_close(&mut cx), Poll::Ready(Err(_))));
+    assert!(p.poll_transmit(sim.now).is_none());
+    assert_eq!(p.recvs_to_post(), 0);
+}
+
+fn hostile(cfg: ConnConfig) -> ConnProto<Vec<u8>> {
+    let mut p = ConnProto::new(cfg, Instant::now());
+    let n = p.recvs_to_post();
+    p.recvs_posted(n);
+    p
+}
+
+fn imm(kind: MsgKind, credits: u16) -> Option<u32> {
+    Some(
+        MsgHeader {
+            kind,
+            ctrl_ack: 0,
+            credits,
+        }
+        .encode(),
+    )
+}
+
+#[test]
+fn hostile_peers_get_a_protocol_error_and_an_error_report() {
+    let cfg = config(2, 64);
+    type Case = (&'static str, Vec<(u32, Option<u32>)>, ProtocolError);
+    let cases: Vec<Case> = vec![
+        ("no immediate", vec![(4, None)], ProtocolError::NoImmediate),
+        (
+            "unknown kind",
+            vec![(0, Some(9 << 28))],
+            ProtocolError::BadHeader(9 << 28),
+        ),
+        (
+            "beyond credits",
+            vec![
+                (1, imm(MsgKind::Last, 0)),
+                (1, imm(MsgKind::Last, 0)),
+                (1, imm(MsgKind::Last, 0)),
+            ],
+            ProtocolError::CreditOverrun,
+        ),
+        (
+            "credit inflation",
+            vec![(0, imm(MsgKind::Credit, 5))],
+            ProtocolError::CreditInflation,
+        ),
+        (
+            "payload on control",
+            vec![(3, imm(MsgKind::Credit, 0))],
+            ProtocolError::ControlWithPayload(3),
+        ),
+        (
+            "stray abort",
+            vec![(0, imm(MsgKind::Abort, 0))],
+            ProtocolError::StrayAbort,
+        ),
+        (
+            "close mid-message",
+            vec![(64, imm(MsgKind::More, 0)), (0, imm(MsgKind::Close, 0))],
+            ProtocolError::CloseMidMessage,
+        ),
+        (
+            "data after close",
+            vec![(0, imm(MsgKind::Close, 0)), (1, imm(MsgKind::Last, 0))],
+            ProtocolError::DataAfterClose,
+        ),
+    ];
+    for (what, msgs, want) in cases {
+        let mut p = hostile(cfg);
+        for (len, imm) in msgs {
+            p.handle_recv(Ok((len, imm)), vec![0u8; 64]);
+        }
+        assert_eq!(p.failure(), Some(&QpFailure::Protocol(want)), "{what}");
+        assert!(p.error_report_pending(), "{what}: the peer is told");
+        let t = p.poll_transmit(Instant::now()).expect("error report");
+        assert_eq!(t.kind, MsgKind::Error);
+        assert_eq!(
+            MsgHeader::decode(t.imm).unwrap().credits,
+            want.code(),
+            "{what}"
+        );
+    }
+    // Too large: a message past the maximum (6 chunks of 64).
+    let mut p = hostile(ConnConfig {
+        recv_credits: 16,
+        ..cfg
+    });
+    for _ in 0..7 {
+        p.handle_recv(Ok((64, imm(MsgKind::More, 0))), vec![0u8; 64]);
+    }
+    assert_eq!(
+        p.failure(),
+        Some(&QpFailure::Protocol(ProtocolError::MessageTooLarge(384)))
+    );
+    // The peer's own report.
+    let mut p = hostile(cfg);
+    p.handle_recv(Ok((0, imm(MsgKind::Error, 3))), Vec::new());
+    assert_eq!(
+        p.failure(),
+        Some(&QpFailure::PeerReported(ProtocolError::CreditOverrun))
+    );
+}
+
+#[test]
+fn an_unanswered_control_message_fails_the_connection_after_the_keepalive_timeout() {
+    let cfg = ConnConfig {
+        keepalive: Some(Duration::from_secs(1)),
+        keepalive_timeout: Duration::from_secs(3),
+        ..config(2, 64)
+    };
+    let t0 = Instant::now();
+    let mut p: ConnProto<Vec<u8>> = ConnProto::new(cfg, t0);
+    let n = p.recvs_to_post();
+    p.recvs_posted(n);
+    assert_eq!(p.poll_timeout(), Some(t0 + Duration::from_secs(1)));
+    p.handle_timeout(t0 + Duration::from_secs(1));
+    let t = p
+        .poll_transmit(t0 + Duration::from_secs(1))
+        .expect("keepalive");
+    assert_eq!(t.kind, MsgKind::Credit);
+    // The next keepalive would be due at 2 s; the one in flight must be answered by 4 s.
+    assert_eq!(p.poll_timeout(), Some(t0 + Duration::from_secs(2)));
+    p.handle_timeout(t0 + Duration::from_secs(3));
+    assert!(
+        p.poll_transmit(t0 + Duration::from_secs(3)).is_some(),
+        "a second keepalive fits the control window"
+    );
+    assert!(p.failure().is_none());
+    p.handle_timeout(t0 + Duration::from_secs(4));
+    assert_eq!(
+        p.failure(),
+        Some(&QpFailure::KeepaliveTimeout(Duration::from_secs(3)))
+    );
+}
