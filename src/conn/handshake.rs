@@ -56,6 +56,11 @@ pub const ENCODED_LEN: usize = 28;
 /// Private data an RC connect request carries on InfiniBand/RoCE (`rdma_connect(3)`); the
 /// encoding must fit.
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
+/// Fewest receive credits a side may announce. One credit is always reserved for control
+/// messages (credit returns, end-of-stream, keepalives; see
+/// [`core::Credits`](crate::core::Credits)), so with a single credit the peer could never send
+/// a data message.
+pub const MIN_CREDITS: u32 = 2;
 /// Largest number of receive credits a side may announce.
 pub const MAX_CREDITS: u32 = 65_535;
 /// Smallest receive buffer size a side may announce.
@@ -152,7 +157,8 @@ pub struct Params {
     /// Capabilities and requirements.
     pub flags: Flags,
     /// Receive buffers this side keeps posted for the peer: the peer may have this many sends
-    /// in flight (1..=[`MAX_CREDITS`]).
+    /// in flight ([`MIN_CREDITS`]..=[`MAX_CREDITS`]; one of them is reserved for control
+    /// messages).
     pub recv_credits: u32,
     /// Size of each posted receive buffer: the largest message the peer may send in one SEND
     /// ([`MIN_RECV_BUF_SIZE`]..=[`MAX_RECV_BUF_SIZE`]).
@@ -306,11 +312,28 @@ fn invalid(field: Field, value: u64, reason: &'static str) -> HandshakeError {
 }
 
 impl Params {
-    /// Checks every field against its bounds.
+    /// Checks every field against its bounds: no unknown flag bits;
+    /// [`MIN_CREDITS`]..=[`MAX_CREDITS`] receive credits (one is reserved for control
+    /// messages, so a single credit would leave none for data); a receive buffer size within
+    /// [`MIN_RECV_BUF_SIZE`]..=[`MAX_RECV_BUF_SIZE`]; at most [`MAX_INLINE_LIMIT`] inline; a
+    /// message size limit from the receive buffer size up to [`MAX_MESSAGE_LIMIT`].
     ///
     /// # Errors
     ///
     /// [`HandshakeError::InvalidField`] naming the first offending field.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::conn::handshake::{Field, HandshakeError, Params};
+    ///
+    /// let one_credit = Params { recv_credits: 1, ..Params::default() };
+    /// match one_credit.validate() {
+    ///     Err(HandshakeError::InvalidField { field: Field::RecvCredits, value: 1, .. }) => {}
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// assert!(Params { recv_credits: 2, ..Params::default() }.validate().is_ok());
+    /// ```
     pub fn validate(&self) -> Result<(), HandshakeError> {
         let flags = self.flags.bits();
         if Flags::from_bits(flags).is_none() {
@@ -326,6 +349,13 @@ impl Params {
                 Field::RecvCredits,
                 credits,
                 "zero credits: the peer could never send",
+            ));
+        }
+        if self.recv_credits < MIN_CREDITS {
+            return Err(invalid(
+                Field::RecvCredits,
+                credits,
+                "fewer than 2: one is reserved for control messages, so no data message could be sent",
             ));
         }
         if self.recv_credits > MAX_CREDITS {

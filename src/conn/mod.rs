@@ -18,6 +18,6 @@ mod stream;
 
 pub use connection::Connection;
 pub use engine::ConnStats;
-pub use listener::Listener;
+pub use listener::{BACKLOG_FULL_REASON, Listener};
 pub use options::ConnectOptions;
 pub use stream::RdmaStream;

@@ -7,16 +7,17 @@ use std::sync::Arc;
 
 use super::cm_async::AsyncChannel;
 use super::connection::{Connection, Starting};
-use super::handshake::{self, Flags, Negotiated, Params};
+use super::handshake::{self, Flags, Params};
 use super::options::ConnectOptions;
 use super::registry;
 use crate::buf::{Pool, PoolConfig, SizeClass};
 use crate::driver::{AsyncQp, QpOptions};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::verbs::{
     AccessFlags, CmEventKind, CmId, ConnParam, Context, EventChannel, PeerConnParam,
-    ProtectionDomain, QpCaps, QpState,
+    ProtectionDomain, QpCaps, QpState, QueuePair,
 };
+use tracing::{debug, warn};
 
 /// Everything set up before the handshake completes.
 pub(crate) struct Prepared {
@@ -69,13 +70,47 @@ pub(crate) fn prepare(id: &CmId, opts: &ConnectOptions) -> Result<Prepared> {
     Ok(Prepared { qp, pd, pool })
 }
 
+/// Moves a queue pair whose receives are posted to the error state if the setup does not
+/// complete: the device flushes the receives, the connection's receive task ends, and the
+/// last reference to its engine drops the queue pair (destroyed once flushed), its protection
+/// domain and its pool. Without this, an abandoned setup (an error after
+/// [`Connection::start`], a dropped future, a handshake timeout) would keep a receive task
+/// waiting forever on receives that never complete, holding all of it.
+struct FlushOnDrop(Option<QueuePair>);
+
+impl FlushOnDrop {
+    /// The setup completed: nothing to flush.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for FlushOnDrop {
+    fn drop(&mut self) {
+        if let Some(qp) = self.0.take() {
+            debug!(qpn = qp.qpn(), "setup abandoned: flushing the queue pair");
+            if let Err(e) = qp.to_error() {
+                warn!(qpn = qp.qpn(), error = %e, "moving an abandoned queue pair to ERR");
+            }
+        }
+    }
+}
+
 /// The active side: resolve, create the queue pair, connect with our handshake, negotiate
 /// with the peer's, then establish.
+///
+/// Dropped at any await point (the caller's timeout, or the caller's own future dropped), it
+/// frees what it made: the CM id (destroyed: a request already sent is rejected towards the
+/// server, whose pending setup then ends), the queue pair, the protection domain and the pool.
 pub(crate) async fn connect(
     addr: SocketAddr,
     opts: ConnectOptions,
     span: tracing::Span,
 ) -> Result<Connection> {
+    // Refused before anything is created or sent (e.g. fewer than 2 receive credits).
+    opts.params.validate()?;
+    let local: Params = opts.params;
+    let hs = local.encode()?;
     let channel = AsyncChannel::new(EventChannel::new()?)?;
     let id = Arc::new(channel.channel().create_id()?);
     if let Some(t) = opts.ack_timeout {
@@ -93,52 +128,92 @@ pub(crate) async fn connect(
         .expect(CmEventKind::RouteResolved, opts.connect_timeout)
         .await?;
     let prepared = prepare(&id, &opts)?;
-    let local: Params = opts.params;
-    let hs = local.encode()?;
     let param = ConnParam::new(prepared.qp.verbs()).private_data(&hs);
     id.connect(&param)?;
     let ev = channel.next().await?;
     let ev = ev.expect(CmEventKind::ConnectResponse)?;
-    let remote = match Params::decode(ev.private_data()) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = id.disconnect();
-            return Err(e.into());
-        }
-    };
+    // A bad or incompatible answer: returning drops the id, which rejects the server's reply
+    // (its setup ends at once).
+    let remote = Params::decode(ev.private_data())?;
     let negotiated = handshake::negotiate(&local, &remote)?;
     let qp = prepared.qp.verbs().clone();
     // Receives are posted before the peer learns our credits (before establish).
     let starting = Connection::start(prepared, negotiated, &opts, &span).await?;
+    let flush = FlushOnDrop(Some(qp.clone()));
     id.finish_connect(&qp)?;
+    flush.disarm();
     Ok(Connection::established(starting, id, channel, span))
 }
 
-/// The passive side, after the request's handshake was decoded and negotiated and the id
-/// migrated to its own channel: RTR, receives posted, accept with our handshake, wait for
-/// `ESTABLISHED`, RTS.
+/// Rejects a connection request with `err`'s text as the reason (`"tokio-rdma: ..."`, at most
+/// [`REJECT_REASON_MAX`] bytes), and returns `err`.
+pub(crate) fn reject(id: &CmId, err: Error) -> Error {
+    reject_with(id, &format!("tokio-rdma: {err}"));
+    err
+}
+
+/// Rejects a connection request with `reason` in the reject's private data.
+pub(crate) fn reject_with(id: &CmId, reason: &str) {
+    let mut reason = reason.as_bytes().to_vec();
+    reason.truncate(REJECT_REASON_MAX);
+    if let Err(e) = id.reject(&reason) {
+        warn!(error = %e, "rdma_reject failed");
+    }
+}
+
+/// Most bytes of a reason sent in a reject's private data (the transport carries 148).
+pub(crate) const REJECT_REASON_MAX: usize = 140;
+
+/// The passive side, for one connection request whose id was migrated to its own event
+/// channel `events`: decode and negotiate the client's handshake (`private_data`), prepare the
+/// queue pair (INIT, RTR), post receives, accept with our handshake, wait for `ESTABLISHED`,
+/// RTS.
+///
+/// Every failure before the accept is sent rejects the request with the reason; a failure
+/// after it (the client rejected our reply, vanished, or the transport gave up) ends here. The
+/// caller bounds the whole by the handshake timeout; dropped at any await point it frees
+/// everything: the id is destroyed (which rejects or disconnects the client) and the queue
+/// pair is flushed and destroyed with its protection domain and pool.
 pub(crate) async fn accept(
-    prepared: Prepared,
-    negotiated: Negotiated,
     id: CmId,
     events: AsyncChannel,
-    request: PeerConnParam,
-    accept_data: &[u8],
+    private_data: &[u8],
+    request: Option<PeerConnParam>,
     opts: &ConnectOptions,
     span: tracing::Span,
 ) -> Result<Connection> {
+    let local: Params = opts.params;
+    let remote = Params::decode(private_data).map_err(|e| reject(&id, e.into()))?;
+    let negotiated = handshake::negotiate(&local, &remote).map_err(|e| reject(&id, e.into()))?;
+    let Some(request) = request else {
+        return Err(reject(
+            &id,
+            Error::Protocol("connection request without parameters".into()),
+        ));
+    };
+    let accept_data = local.encode().map_err(|e| reject(&id, e.into()))?;
+    if let Some(t) = opts.ack_timeout {
+        id.set_ack_timeout(t).map_err(|e| reject(&id, e))?;
+    }
+    let prepared = prepare(&id, opts).map_err(|e| reject(&id, e))?;
     // `prepare` moved the queue pair to INIT; RTR with the parameters of the request.
-    id.modify_qp(prepared.qp.verbs(), QpState::Rtr)?;
+    id.modify_qp(prepared.qp.verbs(), QpState::Rtr)
+        .map_err(|e| reject(&id, e))?;
     let qp = prepared.qp.verbs().clone();
-    let starting: Starting = Connection::start(prepared, negotiated, opts, &span).await?;
+    let starting: Starting = Connection::start(prepared, negotiated, opts, &span)
+        .await
+        .map_err(|e| reject(&id, e))?;
+    let flush = FlushOnDrop(Some(qp.clone()));
     let param = ConnParam::new(&qp)
         .answering(&request)
-        .private_data(accept_data);
-    id.accept(&param)?;
-    events
-        .expect(CmEventKind::Established, opts.connect_timeout)
-        .await?;
+        .private_data(&accept_data);
+    id.accept(&param).map_err(|e| reject(&id, e))?;
+    // From here on the client holds our reply: REJECTED (it refused our handshake or gave up),
+    // UNREACHABLE (our reply was never answered), DISCONNECTED ... end the setup with the
+    // event's error; dropping the id then tears the rest down.
+    events.next().await?.expect(CmEventKind::Established)?;
     id.modify_qp(&qp, QpState::Rts)?;
+    flush.disarm();
     Ok(Connection::established(
         starting,
         Arc::new(id),
