@@ -405,7 +405,120 @@ async fn backlog_limits_pending_handshakes() {
     conn.send(b"room again").await.unwrap();
     assert_eq!(&conn.recv().await.unwrap().unwrap()[..], b"room again");
     conn.close().await.unwrap();
+
+    // A stalled client whose process is killed: its setup ends too (the kernel destroys the
+    // process's ids, which rejects our reply), long before the handshake timeout.
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "stalled_client_process_helper",
+            "--nocapture",
+        ])
+        .env("TOKIO_RDMA_STALL_ADDR", a.to_string())
+        .spawn()
+        .expect("spawn the stalled client process");
+    wait_until(120, "the stalled process's handshake pending", || {
+        listener.pending() == 1
+    })
+    .await;
+    let t0 = Instant::now();
+    child.kill().expect("kill");
+    let _ = child.wait();
+    let exited = t0.elapsed();
+    wait_until(120, "the killed client's setup ends", || {
+        listener.pending() == 0
+    })
+    .await;
+    println!(
+        "stalled client process killed (exited after {exited:?}): its setup ended {:?} after the kill; rejected {}",
+        t0.elapsed(),
+        listener.rejected()
+    );
+    assert!(t0.elapsed() < handshake_timeout, "ended before the timeout");
+    assert_eq!(listener.rejected(), 6);
     server.abort();
+}
+
+/// Not a test on its own: the stalled client process of `backlog_limits_pending_handshakes`
+/// (does nothing unless `TOKIO_RDMA_STALL_ADDR` is set). Sends a valid request, never
+/// completes it, and waits to be killed.
+#[test]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+fn stalled_client_process_helper() {
+    let Ok(a) = std::env::var("TOKIO_RDMA_STALL_ADDR") else {
+        return;
+    };
+    let valid = Params::default().encode().unwrap();
+    let _client = raw_connect(a.parse().unwrap(), &valid);
+    std::thread::sleep(Duration::from_secs(3600));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn cancelled_accepts_lose_no_connection_and_a_dropped_listener_closes_its_queue() {
+    common::init_tracing();
+    let a = addr(7108);
+    let listener = Listener::bind_with(a, small_opts()).await.expect("bind");
+    // Accept calls cancelled before any client came.
+    let mut cancelled = 0u64;
+    for _ in 0..3 {
+        let r = tokio::time::timeout(Duration::from_millis(10), listener.accept()).await;
+        assert!(r.is_err(), "no client yet");
+        cancelled += 1;
+    }
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..6u8 {
+        clients.spawn(async move {
+            let conn = Connection::connect_with(a, small_opts())
+                .await
+                .unwrap_or_else(|e| panic!("client {i}: {e}"));
+            conn.send(&[i]).await.expect("send");
+            // The server answers with our number.
+            let back = conn.recv().await.expect("recv").expect("not EOF");
+            assert_eq!(&back[..], &[i]);
+            conn.close().await.expect("close");
+        });
+    }
+    // Accept with 1 ms timeouts: most accept futures are dropped, some as a connection
+    // arrives; none may lose it.
+    let mut got = 0;
+    let t0 = Instant::now();
+    while got < 6 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "accepted {got} of 6");
+        match tokio::time::timeout(Duration::from_millis(1), listener.accept()).await {
+            Ok(conn) => {
+                let conn = conn.expect("accept");
+                let msg = conn.recv().await.expect("recv").expect("not EOF");
+                conn.send(&msg).await.expect("send");
+                tokio::spawn(async move { while let Ok(Some(_)) = conn.recv().await {} });
+                got += 1;
+            }
+            Err(_) => cancelled += 1,
+        }
+    }
+    while let Some(r) = within(120, "clients", clients.join_next()).await {
+        r.unwrap();
+    }
+    println!("6 connections accepted; {cancelled} accept calls cancelled in all (3 before any client)");
+
+    // Connections established but never accepted close when the listener is dropped.
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        waiting.push(
+            within(60, "connect", Connection::connect_with(a, small_opts()))
+                .await
+                .expect("connect without accept"),
+        );
+    }
+    wait_until(60, "both queued", || listener.pending() == 0).await;
+    drop(listener);
+    let t0 = Instant::now();
+    for (i, conn) in waiting.iter().enumerate() {
+        let r = within(60, "recv after the listener dropped", conn.recv()).await;
+        println!("queued connection {i}: after the listener dropped, recv -> {r:?} ({:?})", t0.elapsed());
+        assert!(matches!(r, Ok(None) | Err(_)), "{r:?}");
+    }
 }
 
 /// `rdma resource show` counts of the device under test (qp, cq, mr, pd, cm_id, ...).
@@ -434,6 +547,18 @@ fn resource_counts() -> BTreeMap<String, u64> {
         assert!(counts.contains_key(key), "no {key} count in {line:?}");
     }
     counts
+}
+
+/// Prints `rdma resource show qp|pd|cq|cm_id` (which process holds what, QP states).
+fn print_resource_details() {
+    for kind in ["qp", "cq", "pd", "cm_id"] {
+        if let Ok(out) = std::process::Command::new("rdma")
+            .args(["resource", "show", kind])
+            .output()
+        {
+            print!("{}", String::from_utf8_lossy(&out.stdout));
+        }
+    }
 }
 
 fn watched(c: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
@@ -472,6 +597,7 @@ async fn abandoned_connects_and_closed_connections_leave_no_resources() {
     );
     let server = serve(listener.clone());
     println!("before anything: {:?}", resource_counts());
+    print_resource_details();
     // Warm-up: the first connection creates the device's driver (one CQ for the process, kept
     // by the registry); the baseline is taken after it.
     full_connection(a, small_opts(), 0, true).await;
@@ -530,6 +656,57 @@ async fn abandoned_connects_and_closed_connections_leave_no_resources() {
         listener.pending(),
         listener.rejected()
     );
+
+    // 10 connects that are certainly cancelled while waiting for the response: a raw listener
+    // takes their requests and never answers (it counts the requests, which proves each
+    // client got that far, then drops the ids once the clients gave up).
+    let silent = addr(7107);
+    let (gave_up_tx, gave_up_rx) = std::sync::mpsc::channel::<()>();
+    let silent_listener = tokio::task::spawn_blocking(move || {
+        let ch = EventChannel::new().expect("channel");
+        let id = ch.create_id().expect("id");
+        id.bind_addr(silent).expect("bind");
+        id.listen(16).expect("listen");
+        let (mut requests, mut others, mut held) = (0, Vec::new(), Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while gave_up_rx.try_recv().is_err() && Instant::now() < deadline {
+            let Some(mut ev) = ch.wait_event(Duration::from_millis(100)).expect("event") else {
+                continue;
+            };
+            if ev.kind() == CmEventKind::ConnectRequest {
+                requests += 1;
+                held.push(ev.take_id().expect("new id"));
+            } else {
+                others.push(ev.name());
+            }
+        }
+        drop(held);
+        drop(id);
+        (requests, others)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        set.spawn(async move {
+            tokio::time::timeout(
+                Duration::from_secs(3),
+                Connection::connect_with(silent, small_opts()),
+            )
+            .await
+            .is_err()
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        assert!(r.unwrap(), "a connect to a silent listener timed out");
+    }
+    gave_up_tx.send(()).unwrap();
+    let (requests, others) = within(180, "silent listener", silent_listener)
+        .await
+        .unwrap();
+    println!(
+        "10 connects cancelled while waiting for the response: the silent listener saw {requests} requests (and then {others:?})"
+    );
+    assert_eq!(requests, 10);
 
     // 50 full connections with traffic and a grant: half closed, half dropped.
     let started = Instant::now();

@@ -488,7 +488,10 @@ pub struct Negotiated {
     pub send_credits: u32,
     /// Receive buffers this side keeps posted: its own receive credits.
     pub recv_credits: u32,
-    /// The largest message this side may SEND: the peer's receive buffer size.
+    /// The largest single SEND this side makes (one chunk of a message; larger messages are
+    /// chunked): the peer's receive buffer size, capped by this side's own, because a
+    /// connection stages its sends in buffers of its own receive size. Without the cap a side
+    /// with smaller buffers than its peer could not send a chunk the peer would accept.
     pub max_send_size: u32,
     /// The size of this side's receive buffers.
     pub recv_buf_size: u32,
@@ -539,7 +542,7 @@ pub fn negotiate(local: &Params, remote: &Params) -> Result<Negotiated, Handshak
     Ok(Negotiated {
         send_credits: remote.recv_credits,
         recv_credits: local.recv_credits,
-        max_send_size: remote.recv_buf_size,
+        max_send_size: remote.recv_buf_size.min(local.recv_buf_size),
         recv_buf_size: local.recv_buf_size,
         max_inline: local.max_inline.min(remote.recv_buf_size),
         max_message_size: local.max_message_size.min(remote.max_message_size),
@@ -692,12 +695,14 @@ mod tests {
     #[test]
     fn credits_bounds() {
         let set = |c: u32| with(|b| b[8..12].copy_from_slice(&c.to_be_bytes()));
-        for bad in [0u32, 65_536, u32::MAX] {
+        for bad in [0u32, 1, 65_536, u32::MAX] {
             let e = Params::decode(&set(bad)).unwrap_err();
             assert!(e.to_string().contains("recv_credits"), "{e}");
             assert_eq!(field_of(e), Field::RecvCredits);
         }
-        for good in [1u32, 65_535] {
+        let e = Params::decode(&set(1)).unwrap_err();
+        assert!(e.to_string().contains("reserved for control"), "{e}");
+        for good in [2u32, 3, 65_535] {
             assert_eq!(Params::decode(&set(good)).unwrap().recv_credits, good);
         }
     }
@@ -746,6 +751,54 @@ mod tests {
     }
 
     #[test]
+    fn one_credit_is_refused_everywhere() {
+        let one = Params {
+            recv_credits: 1,
+            ..Params::default()
+        };
+        assert_eq!(
+            one.validate(),
+            Err(HandshakeError::InvalidField {
+                field: Field::RecvCredits,
+                value: 1,
+                reason: "fewer than 2: one is reserved for control messages, so no data \
+                         message could be sent",
+            })
+        );
+        assert_eq!(field_of(one.encode().unwrap_err()), Field::RecvCredits);
+        assert_eq!(
+            field_of(negotiate(&Params::default(), &one).unwrap_err()),
+            Field::RecvCredits
+        );
+        assert_eq!(
+            field_of(negotiate(&one, &Params::default()).unwrap_err()),
+            Field::RecvCredits
+        );
+        let two = Params {
+            recv_credits: MIN_CREDITS,
+            ..Params::default()
+        };
+        assert_eq!(negotiate(&Params::default(), &two).unwrap().send_credits, 2);
+    }
+
+    #[test]
+    fn chunks_fit_both_sides_buffers() {
+        let small = Params {
+            recv_buf_size: 4096,
+            ..Params::default()
+        };
+        let large = Params {
+            recv_buf_size: 64 << 10,
+            max_message_size: 1 << 20,
+            ..Params::default()
+        };
+        // The small side sends chunks it can stage; the large side sends what the small takes.
+        assert_eq!(negotiate(&small, &large).unwrap().max_send_size, 4096);
+        assert_eq!(negotiate(&large, &small).unwrap().max_send_size, 4096);
+        assert_eq!(negotiate(&large, &large).unwrap().max_send_size, 64 << 10);
+    }
+
+    #[test]
     fn invalid_params_are_not_encoded() {
         let p = Params {
             recv_credits: 0,
@@ -783,7 +836,8 @@ mod tests {
         assert!(!c.atomics, "only the server offers atomics");
         let s = negotiate(&server, &client).unwrap();
         assert_eq!((s.send_credits, s.recv_credits), (128, 16));
-        assert_eq!((s.max_send_size, s.max_inline), (8192, 64));
+        // The client takes 8 KiB, but the server stages sends in its own 128-byte buffers.
+        assert_eq!((s.max_send_size, s.max_inline), (128, 64));
         assert_eq!(s.max_message_size, c.max_message_size);
     }
 
