@@ -112,7 +112,11 @@ impl RawClient {
         }
     }
 
-    async fn wait_for_async(self: &Arc<Self>, kind: CmEventKind, limit: Duration) -> Option<CmEvent> {
+    async fn wait_for_async(
+        self: &Arc<Self>,
+        kind: CmEventKind,
+        limit: Duration,
+    ) -> Option<CmEvent> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.wait_for(kind, limit))
             .await
@@ -191,15 +195,16 @@ async fn full_connection(to: SocketAddr, opts: ConnectOptions, i: usize, close: 
     assert_eq!(&back[..], hello.as_bytes());
     let data = common::pattern(4096, i as u8);
     let buf = conn.pool().expect("pool").acquire(4096).await.expect("buf");
-    let mut grant = conn
-        .grant(buf, 0..4096, RemoteAccess::READ)
-        .expect("grant");
+    let mut grant = conn.grant(buf, 0..4096, RemoteAccess::READ).expect("grant");
     grant.write_at(0, &data);
     let mut msg = b"TOKEN".to_vec();
     msg.extend_from_slice(&grant.token().to_bytes());
     conn.send(&msg).await.expect("send token");
     let read = conn.recv().await.expect("recv").expect("not EOF");
-    assert!(read[..] == data[..], "connection {i}: the peer read the grant");
+    assert!(
+        read[..] == data[..],
+        "connection {i}: the peer read the grant"
+    );
     drop(grant);
     if close {
         conn.close().await.expect("close");
@@ -322,7 +327,10 @@ async fn a_stalled_client_delays_no_one() {
         seen.as_ref().map(CmEvent::name),
         t0.elapsed()
     );
-    assert!(seen.is_some(), "dropping the listener rejects its stalled client");
+    assert!(
+        seen.is_some(),
+        "dropping the listener rejects its stalled client"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,9 +342,7 @@ async fn backlog_limits_pending_handshakes() {
     let listener = Arc::new(
         Listener::bind_with(
             a,
-            small_opts()
-                .backlog(2)
-                .handshake_timeout(handshake_timeout),
+            small_opts().backlog(2).handshake_timeout(handshake_timeout),
         )
         .await
         .expect("bind"),
@@ -485,7 +491,10 @@ async fn cancelled_accepts_lose_no_connection_and_a_dropped_listener_closes_its_
     let mut got = 0;
     let t0 = Instant::now();
     while got < 6 {
-        assert!(t0.elapsed() < Duration::from_secs(120), "accepted {got} of 6");
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "accepted {got} of 6"
+        );
         match tokio::time::timeout(Duration::from_millis(1), listener.accept()).await {
             Ok(conn) => {
                 let conn = conn.expect("accept");
@@ -500,7 +509,9 @@ async fn cancelled_accepts_lose_no_connection_and_a_dropped_listener_closes_its_
     while let Some(r) = within(120, "clients", clients.join_next()).await {
         r.unwrap();
     }
-    println!("6 connections accepted; {cancelled} accept calls cancelled in all (3 before any client)");
+    println!(
+        "6 connections accepted; {cancelled} accept calls cancelled in all (3 before any client)"
+    );
 
     // Connections established but never accepted close when the listener is dropped.
     let mut waiting = Vec::new();
@@ -516,7 +527,10 @@ async fn cancelled_accepts_lose_no_connection_and_a_dropped_listener_closes_its_
     let t0 = Instant::now();
     for (i, conn) in waiting.iter().enumerate() {
         let r = within(60, "recv after the listener dropped", conn.recv()).await;
-        println!("queued connection {i}: after the listener dropped, recv -> {r:?} ({:?})", t0.elapsed());
+        println!(
+            "queued connection {i}: after the listener dropped, recv -> {r:?} ({:?})",
+            t0.elapsed()
+        );
         assert!(matches!(r, Ok(None) | Err(_)), "{r:?}");
     }
 }
@@ -777,7 +791,10 @@ async fn one_receive_credit_is_refused() {
             ..
         })
     ));
-    assert!(err.to_string().contains("reserved for control messages"), "{err}");
+    assert!(
+        err.to_string().contains("reserved for control messages"),
+        "{err}"
+    );
     assert_eq!(listener.rejected(), 0, "nothing reached the listener");
 
     // A raw client announcing one credit on the wire is rejected by the server with the reason.

@@ -105,7 +105,14 @@ impl Shared {
         let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
         match std::mem::take(&mut *f) {
             Failure::Pending(e) => {
-                *f = Failure::Reported(e.to_string());
+                // The text with its causes (the error's own text omits its source).
+                let mut text = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    text.push_str(&format!(": {s}"));
+                    source = s.source();
+                }
+                *f = Failure::Reported(text);
                 e
             }
             Failure::Reported(text) => {
@@ -187,9 +194,8 @@ impl Listener {
         let (tx, rx) = mpsc::channel(opts.backlog);
         let shared = Arc::new(Shared::default());
         let span = info_span!("listener", addr = ?local_addr);
-        let task = tokio::spawn(
-            run(events, id, Arc::new(opts), tx, shared.clone()).instrument(span),
-        );
+        let task =
+            tokio::spawn(run(events, id, Arc::new(opts), tx, shared.clone()).instrument(span));
         Ok(Listener {
             local_addr,
             queue: AsyncMutex::new(rx),
@@ -391,4 +397,59 @@ fn on_event(
         .instrument(span),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listener_failure_is_reported_once_then_by_its_text() {
+        let shared = Shared::default();
+        let e = shared.take_failure();
+        assert!(
+            e.to_string().contains("RDMA CM event channel failed"),
+            "{e}"
+        );
+        shared.set_failure(Error::CmChannel(std::io::Error::other("fd gone")));
+        let first = shared.take_failure();
+        assert!(
+            matches!(&first, Error::CmChannel(io) if io.to_string() == "fd gone"),
+            "{first:?}"
+        );
+        let again = shared.take_failure();
+        match &again {
+            Error::CmChannel(io) => assert!(
+                io.to_string()
+                    == "the listener stopped earlier: RDMA CM event channel failed: fd gone",
+                "{io}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pending_slot_counts_while_it_lives() {
+        let shared = Arc::new(Shared::default());
+        let a = PendingSlot::new(&shared);
+        let b = PendingSlot::new(&shared);
+        assert_eq!(shared.pending.load(Ordering::Acquire), 2);
+        drop(a);
+        assert_eq!(shared.pending.load(Ordering::Acquire), 1);
+        drop(b);
+        assert_eq!(shared.pending.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test]
+    async fn options_are_checked_before_binding() {
+        let addr = "127.0.0.1:0".parse().unwrap();
+        let err = Listener::bind_with(addr, ConnectOptions::default().backlog(0))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        let err = Listener::bind_with(addr, ConnectOptions::default().recv_credits(1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Handshake(_)), "{err}");
+    }
 }
