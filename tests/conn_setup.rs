@@ -650,11 +650,11 @@ async fn abandoned_connects_and_closed_connections_leave_no_resources() {
                         }
                     }
                     _ => {
-                        let delay = Duration::from_millis(((i * 37) % 400) as u64);
+                        let delay = Duration::from_millis(((i * 37) % 200) as u64);
                         match tokio::time::timeout(delay, connect).await {
                             Ok(Ok(_conn)) => "completed (then dropped)",
                             Ok(Err(_)) => "failed",
-                            Err(_) => "cancelled by a 0-400 ms timeout",
+                            Err(_) => "cancelled by a 0-200 ms timeout",
                         }
                     }
                 }
