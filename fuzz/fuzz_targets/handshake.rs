@@ -28,6 +28,8 @@ fuzz_target!(|data: &[u8]| {
     ) {
         (Ok(a), Ok(b)) => {
             assert_eq!(a.send_credits, b.recv_credits);
+            // A chunk fits the receiver's buffers and the sender's own staging buffers.
+            assert!(a.max_send_size <= b.recv_buf_size && a.max_send_size <= a.recv_buf_size);
             assert_eq!(a.max_message_size, b.max_message_size);
             assert_eq!((a.one_sided, a.atomics), (b.one_sided, b.atomics));
         }

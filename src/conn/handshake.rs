@@ -56,6 +56,10 @@ pub const ENCODED_LEN: usize = 28;
 /// Private data an RC connect request carries on InfiniBand/RoCE (`rdma_connect(3)`); the
 /// encoding must fit.
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
+/// Fewest receive credits a side may announce: 2, so a sender always has a chunk in flight
+/// while the previous chunk's credit returns. (Control messages have receives of their own on
+/// top of the credits; see [`core::Credits`](crate::core::Credits).)
+pub const MIN_CREDITS: u32 = 2;
 /// Largest number of receive credits a side may announce.
 pub const MAX_CREDITS: u32 = 65_535;
 /// Smallest receive buffer size a side may announce.
@@ -151,8 +155,9 @@ impl fmt::Debug for Flags {
 pub struct Params {
     /// Capabilities and requirements.
     pub flags: Flags,
-    /// Receive buffers this side keeps posted for the peer: the peer may have this many sends
-    /// in flight (1..=[`MAX_CREDITS`]).
+    /// Receive buffers this side keeps posted for the peer's data: the peer may have this many
+    /// chunks in flight ([`MIN_CREDITS`]..=[`MAX_CREDITS`]; control messages have a few more
+    /// receives of their own).
     pub recv_credits: u32,
     /// Size of each posted receive buffer: the largest message the peer may send in one SEND
     /// ([`MIN_RECV_BUF_SIZE`]..=[`MAX_RECV_BUF_SIZE`]).
@@ -306,11 +311,27 @@ fn invalid(field: Field, value: u64, reason: &'static str) -> HandshakeError {
 }
 
 impl Params {
-    /// Checks every field against its bounds.
+    /// Checks every field against its bounds: no unknown flag bits;
+    /// [`MIN_CREDITS`]..=[`MAX_CREDITS`] receive credits; a receive buffer size within
+    /// [`MIN_RECV_BUF_SIZE`]..=[`MAX_RECV_BUF_SIZE`]; at most [`MAX_INLINE_LIMIT`] inline; a
+    /// message size limit from the receive buffer size up to [`MAX_MESSAGE_LIMIT`].
     ///
     /// # Errors
     ///
     /// [`HandshakeError::InvalidField`] naming the first offending field.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::conn::handshake::{Field, HandshakeError, Params};
+    ///
+    /// let one_credit = Params { recv_credits: 1, ..Params::default() };
+    /// match one_credit.validate() {
+    ///     Err(HandshakeError::InvalidField { field: Field::RecvCredits, value: 1, .. }) => {}
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// assert!(Params { recv_credits: 2, ..Params::default() }.validate().is_ok());
+    /// ```
     pub fn validate(&self) -> Result<(), HandshakeError> {
         let flags = self.flags.bits();
         if Flags::from_bits(flags).is_none() {
@@ -326,6 +347,13 @@ impl Params {
                 Field::RecvCredits,
                 credits,
                 "zero credits: the peer could never send",
+            ));
+        }
+        if self.recv_credits < MIN_CREDITS {
+            return Err(invalid(
+                Field::RecvCredits,
+                credits,
+                "fewer than 2: the protocol keeps a chunk in flight while the previous credit returns",
             ));
         }
         if self.recv_credits > MAX_CREDITS {
@@ -458,7 +486,9 @@ pub struct Negotiated {
     pub send_credits: u32,
     /// Receive buffers this side keeps posted: its own receive credits.
     pub recv_credits: u32,
-    /// The largest message this side may SEND: the peer's receive buffer size.
+    /// The largest single SEND this side makes (one chunk of a message; larger messages are
+    /// chunked): the peer's receive buffer size. The connection stages its sends in buffers of
+    /// this size, apart from its receive buffers.
     pub max_send_size: u32,
     /// The size of this side's receive buffers.
     pub recv_buf_size: u32,
@@ -668,12 +698,14 @@ mod tests {
     #[test]
     fn credits_bounds() {
         let set = |c: u32| with(|b| b[8..12].copy_from_slice(&c.to_be_bytes()));
-        for bad in [0u32, 65_536, u32::MAX] {
+        for bad in [0u32, 1, 65_536, u32::MAX] {
             let e = Params::decode(&set(bad)).unwrap_err();
             assert!(e.to_string().contains("recv_credits"), "{e}");
             assert_eq!(field_of(e), Field::RecvCredits);
         }
-        for good in [1u32, 65_535] {
+        let e = Params::decode(&set(1)).unwrap_err();
+        assert!(e.to_string().contains("fewer than 2"), "{e}");
+        for good in [2u32, 3, 65_535] {
             assert_eq!(Params::decode(&set(good)).unwrap().recv_credits, good);
         }
     }
@@ -722,6 +754,54 @@ mod tests {
     }
 
     #[test]
+    fn one_credit_is_refused_everywhere() {
+        let one = Params {
+            recv_credits: 1,
+            ..Params::default()
+        };
+        assert_eq!(
+            one.validate(),
+            Err(HandshakeError::InvalidField {
+                field: Field::RecvCredits,
+                value: 1,
+                reason: "fewer than 2: the protocol keeps a chunk in flight while the \
+                         previous credit returns",
+            })
+        );
+        assert_eq!(field_of(one.encode().unwrap_err()), Field::RecvCredits);
+        assert_eq!(
+            field_of(negotiate(&Params::default(), &one).unwrap_err()),
+            Field::RecvCredits
+        );
+        assert_eq!(
+            field_of(negotiate(&one, &Params::default()).unwrap_err()),
+            Field::RecvCredits
+        );
+        let two = Params {
+            recv_credits: MIN_CREDITS,
+            ..Params::default()
+        };
+        assert_eq!(negotiate(&Params::default(), &two).unwrap().send_credits, 2);
+    }
+
+    #[test]
+    fn chunks_fit_both_sides_buffers() {
+        let small = Params {
+            recv_buf_size: 4096,
+            ..Params::default()
+        };
+        let large = Params {
+            recv_buf_size: 64 << 10,
+            max_message_size: 1 << 20,
+            ..Params::default()
+        };
+        // The small side sends chunks it can stage; the large side sends what the small takes.
+        assert_eq!(negotiate(&small, &large).unwrap().max_send_size, 4096);
+        assert_eq!(negotiate(&large, &small).unwrap().max_send_size, 4096);
+        assert_eq!(negotiate(&large, &large).unwrap().max_send_size, 64 << 10);
+    }
+
+    #[test]
     fn invalid_params_are_not_encoded() {
         let p = Params {
             recv_credits: 0,
@@ -759,7 +839,8 @@ mod tests {
         assert!(!c.atomics, "only the server offers atomics");
         let s = negotiate(&server, &client).unwrap();
         assert_eq!((s.send_credits, s.recv_credits), (128, 16));
-        assert_eq!((s.max_send_size, s.max_inline), (8192, 64));
+        // The client takes 8 KiB, but the server stages sends in its own 128-byte buffers.
+        assert_eq!((s.max_send_size, s.max_inline), (128, 64));
         assert_eq!(s.max_message_size, c.max_message_size);
     }
 

@@ -1,27 +1,50 @@
-//! [`Listener`]: accepts RDMA CM connections, Tokio style.
+//! [`Listener`]: accepts RDMA CM connections, Tokio style, with the handshakes of many clients
+//! running at once.
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use tracing::{Instrument, info_span, warn};
+use tokio::sync::{Mutex as AsyncMutex, mpsc};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{Instrument, debug, info_span, warn};
 
 use super::cm_async::AsyncChannel;
 use super::connection::Connection;
-use super::handshake::{self, Params};
 use super::options::ConnectOptions;
 use super::setup;
 use crate::error::{Error, Result};
 use crate::verbs::{CmEvent, CmEventKind, CmId, EventChannel};
 
-/// Most bytes of a reason sent in a reject's private data.
-const REJECT_REASON_MAX: usize = 140;
+/// The reason a connection request gets, in its reject's private data, when
+/// [`ConnectOptions::backlog`] handshakes are already pending.
+pub const BACKLOG_FULL_REASON: &str = "tokio-rdma: listener backlog full";
 
 /// Listens for connections on an address.
 ///
-/// A client whose handshake is malformed, truncated, of another version or incompatible is
-/// rejected with the reason (its [`Connection::connect`] fails with
-/// [`Error::ConnectionRejected`] carrying it) and the listener keeps serving the next one.
+/// A background task (started by [`bind_with`](Self::bind_with)) reads the listening id's
+/// RDMA CM events and runs each client's handshake in its own task, so a client that stalls,
+/// vanishes half-way or sends garbage delays no one else:
+///
+/// * Each handshake (decode and negotiate the client's parameters, create its queue pair,
+///   accept, wait for the connection to be established) is bounded by
+///   [`ConnectOptions::handshake_timeout`]; a client that does not finish in time, or that the
+///   transport reports gone (it rejected our reply, its process died), is torn down: its queue
+///   pair, protection domain, buffers and CM id are freed.
+/// * A client whose handshake is malformed, truncated, of another version, incompatible or not
+///   ours at all (a foreign protocol) is rejected with the reason (its
+///   [`Connection::connect`] fails with [`Error::ConnectionRejected`] carrying it).
+/// * At most [`ConnectOptions::backlog`] handshakes run at once; a request beyond that is
+///   rejected at once with [`BACKLOG_FULL_REASON`].
+/// * Every refusal is logged (`tracing` warn) and counted in [`rejected`](Self::rejected).
+///
+/// Established connections wait in a queue of [`ConnectOptions::backlog`] connections until
+/// [`accept`](Self::accept) takes them; while it is full, finished handshakes wait for room
+/// (and still count as pending).
+///
+/// Dropping the listener stops its task, tears down the handshakes in progress, and drops the
+/// queued connections nobody accepted (they close as a dropped [`Connection`] does).
 ///
 /// # Examples
 ///
@@ -43,10 +66,81 @@ const REJECT_REASON_MAX: usize = 140;
 /// # }
 /// ```
 pub struct Listener {
-    events: AsyncChannel,
-    id: CmId,
-    opts: ConnectOptions,
+    local_addr: Option<SocketAddr>,
+    queue: AsyncMutex<mpsc::Receiver<Connection>>,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+/// What the listener handle and its tasks share.
+#[derive(Debug, Default)]
+struct Shared {
     rejected: AtomicU64,
+    pending: AtomicUsize,
+    failure: Mutex<Failure>,
+}
+
+/// The listener's own failure, reported by `accept` once the queue is drained.
+#[derive(Debug, Default)]
+enum Failure {
+    /// None (yet).
+    #[default]
+    None,
+    /// Not reported yet.
+    Pending(Error),
+    /// Reported once (the error is not `Clone`): later calls get its text.
+    Reported(String),
+}
+
+impl Shared {
+    fn refused(&self) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn set_failure(&self, e: Error) {
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Failure::Pending(e);
+    }
+
+    fn take_failure(&self) -> Error {
+        let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        match std::mem::take(&mut *f) {
+            Failure::Pending(e) => {
+                // The text with its causes (the error's own text omits its source).
+                let mut text = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    text.push_str(&format!(": {s}"));
+                    source = s.source();
+                }
+                *f = Failure::Reported(text);
+                e
+            }
+            Failure::Reported(text) => {
+                let e = Error::CmChannel(std::io::Error::other(format!(
+                    "the listener stopped earlier: {text}"
+                )));
+                *f = Failure::Reported(text);
+                e
+            }
+            Failure::None => Error::CmChannel(std::io::Error::other("the listener's task stopped")),
+        }
+    }
+}
+
+/// Counts a handshake as pending for as long as it lives (also when its task is aborted).
+struct PendingSlot(Arc<Shared>);
+
+impl PendingSlot {
+    fn new(shared: &Arc<Shared>) -> PendingSlot {
+        shared.pending.fetch_add(1, Ordering::AcqRel);
+        PendingSlot(shared.clone())
+    }
+}
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Listener {
@@ -57,6 +151,10 @@ impl Listener {
     ///
     /// CM errors (e.g. the address is not on an RDMA device, or in use).
     ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime (the listener's task is spawned on the current one).
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe.
@@ -64,140 +162,294 @@ impl Listener {
         Listener::bind_with(addr, ConnectOptions::default()).await
     }
 
-    /// Binds to `addr` with `opts` for every accepted connection.
+    /// Binds to `addr` with `opts` for every accepted connection, and starts the listener's
+    /// task on the current Tokio runtime. The server-side options are
+    /// [`handshake_timeout`](ConnectOptions::handshake_timeout) and
+    /// [`backlog`](ConnectOptions::backlog); `connect_timeout` is for clients.
     ///
     /// # Errors
     ///
-    /// As [`bind`](Self::bind).
+    /// As [`bind`](Self::bind); [`Error::Handshake`] for invalid handshake parameters (e.g.
+    /// fewer than 2 receive credits), [`Error::InvalidArgument`] for a backlog of 0.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe.
     pub async fn bind_with(addr: SocketAddr, opts: ConnectOptions) -> Result<Listener> {
         opts.params.validate()?;
+        if opts.backlog == 0 {
+            return Err(Error::InvalidArgument(
+                "a listener's backlog must be at least 1".into(),
+            ));
+        }
         let events = AsyncChannel::new(EventChannel::new()?)?;
         let id = events.channel().create_id()?;
         id.bind_addr(addr)?;
-        id.listen(128)?;
+        id.listen(i32::try_from(opts.backlog).unwrap_or(i32::MAX))?;
+        let local_addr = id.local_addr();
+        let (tx, rx) = mpsc::channel(opts.backlog);
+        let shared = Arc::new(Shared::default());
+        let span = info_span!("listener", addr = ?local_addr);
+        let task =
+            tokio::spawn(run(events, id, Arc::new(opts), tx, shared.clone()).instrument(span));
         Ok(Listener {
-            events,
-            id,
-            opts,
-            rejected: AtomicU64::new(0),
+            local_addr,
+            queue: AsyncMutex::new(rx),
+            shared,
+            task,
         })
     }
 
     /// The bound address (with the chosen port if bound to port 0).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.id.local_addr()
+        self.local_addr
     }
 
-    /// Connection requests rejected so far (bad handshakes, failed setups).
+    /// Connection requests refused so far: bad or foreign handshakes, a full backlog, and
+    /// setups that failed or timed out (the client stalled, vanished, or refused our reply).
     pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
+        self.shared.rejected.load(Ordering::Relaxed)
     }
 
-    /// Waits for the next client and completes its connection.
+    /// Handshakes in progress now (at most [`ConnectOptions::backlog`]), counting finished ones
+    /// that wait for room in the queue of established connections.
+    pub fn pending(&self) -> usize {
+        self.shared.pending.load(Ordering::Acquire)
+    }
+
+    /// Takes the next established connection, waiting for one.
     ///
     /// # Errors
     ///
-    /// Only errors of the listener itself (its event channel); a failing client is rejected,
-    /// logged, counted in [`rejected`](Self::rejected), and the next one is served.
+    /// Only errors of the listener itself (its event channel failed), once the connections
+    /// established before are all taken. A failing client is rejected, logged, counted in
+    /// [`rejected`](Self::rejected), and never seen here.
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe while a request is being set up: a client being accepted when the
-    /// future is dropped gets disconnected.
+    /// Cancel safe: a connection is only taken from the queue when this returns it, so a
+    /// dropped `accept` future loses none (the next call gets it).
     pub async fn accept(&self) -> Result<Connection> {
-        loop {
-            let mut ev = self.events.next().await?;
-            if ev.kind() != CmEventKind::ConnectRequest {
-                tracing::debug!(event = %ev.kind(), "listener event ignored");
-                continue;
-            }
-            let Some(id) = ev.take_id() else { continue };
-            let span = info_span!("conn", peer = ?id.peer_addr(), side = "server");
-            match self
-                .accept_one(id, &ev, span.clone())
-                .instrument(span.clone())
-                .await
-            {
-                Ok(conn) => return Ok(conn),
-                Err(e) => {
-                    self.rejected.fetch_add(1, Ordering::Relaxed);
-                    span.in_scope(|| warn!(error = %e, "connection request refused"));
-                }
-            }
-        }
-    }
-
-    async fn accept_one(
-        &self,
-        mut id: CmId,
-        ev: &CmEvent,
-        span: tracing::Span,
-    ) -> Result<Connection> {
-        let local: Params = self.opts.params;
-        let remote = match Params::decode(ev.private_data()) {
-            Ok(r) => r,
-            Err(e) => return Err(reject(&id, e.into())),
-        };
-        let negotiated = match handshake::negotiate(&local, &remote) {
-            Ok(n) => n,
-            Err(e) => return Err(reject(&id, e.into())),
-        };
-        let Some(request) = ev.conn_param().copied() else {
-            return Err(reject(
-                &id,
-                Error::Handshake(handshake::HandshakeError::Missing),
-            ));
-        };
-        // The connection gets its own event channel, so its DISCONNECTED goes to its watcher.
-        let events = AsyncChannel::new(EventChannel::new()?)?;
-        id.migrate(events.channel())?;
-        if let Some(t) = self.opts.ack_timeout {
-            id.set_ack_timeout(t)?;
-        }
-        let prepared = match setup::prepare(&id, &self.opts) {
-            Ok(p) => p,
-            Err(e) => return Err(reject(&id, e)),
-        };
-        let accept_data = local.encode()?.to_vec();
-        let setup = setup::accept(
-            prepared,
-            negotiated,
-            id,
-            events,
-            request,
-            &accept_data,
-            &self.opts,
-            span,
-        );
-        match tokio::time::timeout(self.opts.connect_timeout, setup).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                what: "accepting a connection",
-                after: self.opts.connect_timeout,
-            }),
+        let mut queue = self.queue.lock().await;
+        match queue.recv().await {
+            Some(conn) => Ok(conn),
+            None => Err(self.shared.take_failure()),
         }
     }
 }
 
-/// Rejects a request with `err`'s text as the reason, and returns `err`.
-fn reject(id: &CmId, err: Error) -> Error {
-    let mut reason = format!("tokio-rdma: {err}").into_bytes();
-    reason.truncate(REJECT_REASON_MAX);
-    if let Err(e) = id.reject(&reason) {
-        warn!(error = %e, "rdma_reject failed");
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Dropping the task's future drops its set of handshake tasks, which aborts them
+        // (each tears down what it made); the queue's connections drop with `self.queue`.
+        self.task.abort();
     }
-    err
 }
 
 impl fmt::Debug for Listener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Listener")
             .field("local_addr", &self.local_addr())
+            .field("pending", &self.pending())
             .field("rejected", &self.rejected())
             .finish_non_exhaustive()
+    }
+}
+
+/// The listener's task: reads the listening id's events and spawns a handshake task per
+/// connection request.
+async fn run(
+    events: AsyncChannel,
+    id: CmId,
+    opts: Arc<ConnectOptions>,
+    tx: mpsc::Sender<Connection>,
+    shared: Arc<Shared>,
+) {
+    let mut setups = JoinSet::new();
+    let failure = loop {
+        tokio::select! {
+            ev = events.next() => match ev {
+                Ok(ev) => {
+                    if let Err(e) = on_event(ev, &opts, &tx, &shared, &mut setups) {
+                        break e;
+                    }
+                }
+                Err(e) => break e,
+            },
+            Some(done) = setups.join_next(), if !setups.is_empty() => {
+                if let Err(e) = done {
+                    if e.is_panic() {
+                        warn!(error = %e, "a handshake task panicked");
+                    }
+                }
+            }
+        }
+    };
+    warn!(error = %failure, "listener stopped");
+    shared.set_failure(failure);
+    // No new requests; the handshakes in progress may still deliver their connections.
+    drop(id);
+    drop(tx);
+    while setups.join_next().await.is_some() {}
+}
+
+/// Handles one event of the listening id. `Err` only for a failure of the listener itself.
+fn on_event(
+    mut ev: CmEvent,
+    opts: &Arc<ConnectOptions>,
+    tx: &mpsc::Sender<Connection>,
+    shared: &Arc<Shared>,
+    setups: &mut JoinSet<()>,
+) -> Result<()> {
+    match ev.kind() {
+        CmEventKind::ConnectRequest => {}
+        CmEventKind::DeviceRemoval => {
+            return Err(ev.error().unwrap_or(Error::CmEventFailed {
+                event: ev.name(),
+                status: ev.status(),
+                source: None,
+            }));
+        }
+        other => {
+            debug!(event = %other, "listener event ignored");
+            return Ok(());
+        }
+    }
+    let Some(mut id) = ev.take_id() else {
+        return Ok(());
+    };
+    let peer = id.peer_addr();
+    let span = info_span!("conn", peer = ?peer, side = "server");
+    let pending = shared.pending.load(Ordering::Acquire);
+    if pending >= opts.backlog {
+        shared.refused();
+        span.in_scope(|| {
+            warn!(
+                pending,
+                backlog = opts.backlog,
+                "connection request rejected: listener backlog full"
+            );
+        });
+        setup::reject_with(&id, BACKLOG_FULL_REASON);
+        return Ok(());
+    }
+    // The request gets its own event channel at once, so every later event of its id
+    // (ESTABLISHED, REJECTED, DISCONNECTED, ...) goes to its handshake task, not here.
+    let channel = EventChannel::new()
+        .and_then(|ch| {
+            id.migrate(&ch)?;
+            AsyncChannel::new(ch)
+        })
+        .map_err(|e| setup::reject(&id, e));
+    let events = match channel {
+        Ok(events) => events,
+        Err(e) => {
+            shared.refused();
+            span.in_scope(|| warn!(error = %e, "connection request refused"));
+            return Ok(());
+        }
+    };
+    let slot = PendingSlot::new(shared);
+    let private_data = ev.private_data().to_vec();
+    let request = ev.conn_param().copied();
+    let (opts, tx, shared) = (opts.clone(), tx.clone(), shared.clone());
+    setups.spawn(
+        async move {
+            let timeout = opts.handshake_timeout;
+            let setup = setup::accept(
+                id,
+                events,
+                &private_data,
+                request,
+                &opts,
+                tracing::Span::current(),
+            );
+            let result = match tokio::time::timeout(timeout, setup).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Timeout {
+                    what: "the client's handshake",
+                    after: timeout,
+                }),
+            };
+            match result {
+                Ok(conn) => {
+                    debug!("connection established, queued for accept");
+                    // Waits while the queue is full; fails only if the listener is gone (the
+                    // connection is then dropped, which closes it).
+                    let _ = tx.send(conn).await;
+                }
+                Err(e) => {
+                    shared.refused();
+                    match &e {
+                        Error::Handshake(_) => {
+                            warn!(error = %e, "connection request rejected: bad or foreign handshake");
+                        }
+                        _ => warn!(error = %e, "connection setup failed; torn down"),
+                    }
+                }
+            }
+            drop(slot);
+        }
+        .instrument(span),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listener_failure_is_reported_once_then_by_its_text() {
+        let shared = Shared::default();
+        let e = shared.take_failure();
+        assert!(
+            e.to_string().contains("RDMA CM event channel failed"),
+            "{e}"
+        );
+        shared.set_failure(Error::CmChannel(std::io::Error::other("fd gone")));
+        let first = shared.take_failure();
+        assert!(
+            matches!(&first, Error::CmChannel(io) if io.to_string() == "fd gone"),
+            "{first:?}"
+        );
+        let again = shared.take_failure();
+        match &again {
+            Error::CmChannel(io) => assert!(
+                io.to_string()
+                    == "the listener stopped earlier: RDMA CM event channel failed: fd gone",
+                "{io}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pending_slot_counts_while_it_lives() {
+        let shared = Arc::new(Shared::default());
+        let a = PendingSlot::new(&shared);
+        let b = PendingSlot::new(&shared);
+        assert_eq!(shared.pending.load(Ordering::Acquire), 2);
+        drop(a);
+        assert_eq!(shared.pending.load(Ordering::Acquire), 1);
+        drop(b);
+        assert_eq!(shared.pending.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test]
+    async fn options_are_checked_before_binding() {
+        let addr = "127.0.0.1:0".parse().unwrap();
+        let err = Listener::bind_with(addr, ConnectOptions::default().backlog(0))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        let err = Listener::bind_with(addr, ConnectOptions::default().recv_credits(1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Handshake(_)), "{err}");
     }
 }

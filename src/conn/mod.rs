@@ -19,7 +19,7 @@ mod shared;
 mod stream;
 
 pub use connection::{ConnStats, Connection};
-pub use listener::Listener;
+pub use listener::{BACKLOG_FULL_REASON, Listener};
 pub use options::ConnectOptions;
 pub use shared::Message;
 pub use stream::RdmaStream;

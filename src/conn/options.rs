@@ -17,8 +17,11 @@ use crate::driver::{CompletionMode, DriverOptions};
 /// let opts = ConnectOptions::default()
 ///     .recv_credits(32)
 ///     .recv_buf_size(16 << 10)
-///     .connect_timeout(Duration::from_secs(5));
+///     .connect_timeout(Duration::from_secs(5))
+///     .handshake_timeout(Duration::from_secs(3))
+///     .backlog(16);
 /// assert_eq!(opts.handshake().recv_credits, 32);
+/// assert_eq!(opts.backlog, 16);
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -30,8 +33,19 @@ pub struct ConnectOptions {
     pub send_queue_depth: u32,
     /// How the device's completion task waits (used when the device's driver is created).
     pub completion_mode: CompletionMode,
-    /// Limit for address/route resolution and the handshake.
+    /// Client side: the limit for the whole of [`Connection::connect`](super::Connection::connect)
+    /// (address and route resolution, the handshake, establishing the connection).
     pub connect_timeout: Duration,
+    /// Server side: the limit for one client's handshake, from its connection request to the
+    /// established connection. A client that stalls or vanishes half-way is torn down after
+    /// this long (sooner if the transport reports it gone), without delaying other clients.
+    pub handshake_timeout: Duration,
+    /// Server side: the most handshakes a [`Listener`](super::Listener) runs at once, and the
+    /// capacity of its queue of established connections not yet taken by
+    /// [`accept`](super::Listener::accept). A connection request beyond it is rejected at
+    /// once, with the reason `"tokio-rdma: listener backlog full"` in the reject's private
+    /// data. At least 1.
+    pub backlog: usize,
     /// Send a keepalive this often (None: never): a small control message the peer's device
     /// must acknowledge.
     pub keepalive: Option<Duration>,
@@ -69,6 +83,8 @@ impl Default for ConnectOptions {
             send_queue_depth: 128,
             completion_mode: CompletionMode::default(),
             connect_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            backlog: 128,
             keepalive: Some(Duration::from_secs(10)),
             keepalive_timeout: Duration::from_secs(10),
             retry_count: 6,
@@ -86,7 +102,10 @@ impl ConnectOptions {
         &self.params
     }
 
-    /// Sets the receive credits (receive buffers kept posted).
+    /// Sets the receive credits (data receives kept posted; at least
+    /// [`MIN_CREDITS`](super::handshake::MIN_CREDITS):
+    /// [`Connection::connect_with`](super::Connection::connect_with) and
+    /// [`Listener::bind_with`](super::Listener::bind_with) refuse fewer).
     pub fn recv_credits(mut self, n: u32) -> Self {
         self.params.recv_credits = n;
         self
@@ -104,9 +123,23 @@ impl ConnectOptions {
         self
     }
 
-    /// Sets the connect timeout.
+    /// Sets the connect timeout (client side, see
+    /// [`connect_timeout`](Self::connect_timeout)).
     pub fn connect_timeout(mut self, t: Duration) -> Self {
         self.connect_timeout = t;
+        self
+    }
+
+    /// Sets the handshake timeout (server side, see
+    /// [`handshake_timeout`](Self::handshake_timeout)).
+    pub fn handshake_timeout(mut self, t: Duration) -> Self {
+        self.handshake_timeout = t;
+        self
+    }
+
+    /// Sets the listener's backlog (server side, see [`backlog`](Self::backlog)).
+    pub fn backlog(mut self, n: usize) -> Self {
+        self.backlog = n;
         self
     }
 

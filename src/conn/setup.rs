@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::cm_async::AsyncChannel;
 use super::connection::{Connection, Starting};
-use super::handshake::{self, Flags, Negotiated, Params};
+use super::handshake::{self, Flags, Params};
 use super::options::ConnectOptions;
 use super::registry;
 use crate::buf::{Pool, PoolConfig, SizeClass};
@@ -18,6 +18,7 @@ use crate::verbs::{
     AccessFlags, CmEventKind, CmId, ConnParam, Context, EventChannel, PeerConnParam,
     ProtectionDomain, QpCaps, QpState,
 };
+use tracing::warn;
 
 /// RNR retries: data never meets a receiver that is not ready (credits); a control message
 /// may, for the moment between its receive completing at the peer and being re-posted, so it
@@ -100,11 +101,19 @@ pub(crate) fn staging_pool_config(chunk: u32, send_credits: u32) -> PoolConfig {
 
 /// The active side: resolve, create the queue pair, connect with our handshake, negotiate
 /// with the peer's, then establish.
+///
+/// Dropped at any await point (the caller's timeout, or the caller's own future dropped), it
+/// frees what it made: the CM id (destroyed: a request already sent is rejected towards the
+/// server, whose pending setup then ends), the queue pair, the protection domain and the pool.
 pub(crate) async fn connect(
     addr: SocketAddr,
     opts: ConnectOptions,
     span: tracing::Span,
 ) -> Result<Connection> {
+    // Refused before anything is created or sent (e.g. fewer than 2 receive credits).
+    opts.params.validate()?;
+    let local: Params = opts.params;
+    let hs = local.encode()?;
     let channel = AsyncChannel::new(EventChannel::new()?)?;
     let id = Arc::new(channel.channel().create_id()?);
     if let Some(t) = opts.ack_timeout {
@@ -122,21 +131,15 @@ pub(crate) async fn connect(
         .expect(CmEventKind::RouteResolved, opts.connect_timeout)
         .await?;
     let prepared = prepare(&id, &opts)?;
-    let local: Params = opts.params;
-    let hs = local.encode()?;
     let mut param = ConnParam::new(prepared.qp.verbs()).private_data(&hs);
     param.retry_count = opts.retry_count;
     param.rnr_retry_count = RNR_RETRY;
     id.connect(&param)?;
     let ev = channel.next().await?;
     let ev = ev.expect(CmEventKind::ConnectResponse)?;
-    let remote = match Params::decode(ev.private_data()) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = id.disconnect();
-            return Err(e.into());
-        }
-    };
+    // A bad or incompatible answer: returning drops the id, which rejects the server's reply
+    // (its setup ends at once).
+    let remote = Params::decode(ev.private_data())?;
     let negotiated = handshake::negotiate(&local, &remote)?;
     let qp = prepared.qp.verbs().clone();
     // Receives are posted before the peer learns our credits (before establish).
@@ -147,32 +150,72 @@ pub(crate) async fn connect(
     Ok(Connection::established(starting, id, channel, span))
 }
 
-/// The passive side, after the request's handshake was decoded and negotiated and the id
-/// migrated to its own channel: RTR, receives posted, accept with our handshake, wait for
-/// `ESTABLISHED`, RTS.
-#[allow(clippy::too_many_arguments)]
+/// Rejects a connection request with `err`'s text as the reason (`"tokio-rdma: ..."`, at most
+/// [`REJECT_REASON_MAX`] bytes), and returns `err`.
+pub(crate) fn reject(id: &CmId, err: Error) -> Error {
+    reject_with(id, &format!("tokio-rdma: {err}"));
+    err
+}
+
+/// Rejects a connection request with `reason` in the reject's private data.
+pub(crate) fn reject_with(id: &CmId, reason: &str) {
+    let mut reason = reason.as_bytes().to_vec();
+    reason.truncate(REJECT_REASON_MAX);
+    if let Err(e) = id.reject(&reason) {
+        warn!(error = %e, "rdma_reject failed");
+    }
+}
+
+/// Most bytes of a reason sent in a reject's private data (the transport carries 148).
+pub(crate) const REJECT_REASON_MAX: usize = 140;
+
+/// The passive side, for one connection request whose id was migrated to its own event
+/// channel `events`: decode and negotiate the client's handshake (`private_data`), prepare the
+/// queue pair (INIT, RTR), post receives, accept with our handshake, wait for `ESTABLISHED`,
+/// RTS.
+///
+/// Every failure before the accept is sent rejects the request with the reason; a failure
+/// after it (the client rejected our reply, vanished, or the transport gave up) ends here. The
+/// caller bounds the whole by the handshake timeout; dropped at any await point it frees
+/// everything: the id is destroyed (which rejects or disconnects the client) and the queue
+/// pair is flushed and destroyed with its protection domain and pool.
 pub(crate) async fn accept(
-    prepared: Prepared,
-    negotiated: Negotiated,
     id: CmId,
     events: AsyncChannel,
-    request: PeerConnParam,
-    accept_data: &[u8],
+    private_data: &[u8],
+    request: Option<PeerConnParam>,
     opts: &ConnectOptions,
     span: tracing::Span,
 ) -> Result<Connection> {
+    let local: Params = opts.params;
+    let remote = Params::decode(private_data).map_err(|e| reject(&id, e.into()))?;
+    let negotiated = handshake::negotiate(&local, &remote).map_err(|e| reject(&id, e.into()))?;
+    let Some(request) = request else {
+        return Err(reject(
+            &id,
+            Error::Handshake(handshake::HandshakeError::Missing),
+        ));
+    };
+    let accept_data = local.encode().map_err(|e| reject(&id, e.into()))?;
+    if let Some(t) = opts.ack_timeout {
+        id.set_ack_timeout(t).map_err(|e| reject(&id, e))?;
+    }
+    let prepared = prepare(&id, opts).map_err(|e| reject(&id, e))?;
     // `prepare` moved the queue pair to INIT; RTR with the parameters of the request.
-    id.modify_qp(prepared.qp.verbs(), QpState::Rtr)?;
+    id.modify_qp(prepared.qp.verbs(), QpState::Rtr)
+        .map_err(|e| reject(&id, e))?;
     let qp = prepared.qp.verbs().clone();
-    let starting: Starting = Connection::start(prepared, negotiated, opts)?;
+    let starting: Starting =
+        Connection::start(prepared, negotiated, opts).map_err(|e| reject(&id, e))?;
     let param = ConnParam::new(&qp)
         .answering(&request)
-        .private_data(accept_data);
-    id.accept(&param)?;
-    events
-        .expect(CmEventKind::Established, opts.connect_timeout)
-        .await?;
-    id.modify_qp(&qp, QpState::Rts)?;
+        .private_data(&accept_data);
+    id.accept(&param).map_err(|e| reject(&id, e))?;
+    // From here on the client holds our reply: REJECTED (it refused our handshake or gave up),
+    // UNREACHABLE (our reply was never answered), DISCONNECTED ... end the setup with the
+    // event's error; dropping the id then tears the rest down.
+    events.next().await?.expect(CmEventKind::Established)?;
+    id.modify_qp_rts_with_retries(&qp, opts.retry_count, RNR_RETRY)?;
     Ok(Connection::established(
         starting,
         Arc::new(id),
