@@ -785,7 +785,7 @@ mod tests {
     }
 
     #[test]
-    fn chunks_fit_both_sides_buffers() {
+    fn chunks_are_the_peer_receive_size() {
         let small = Params {
             recv_buf_size: 4096,
             ..Params::default()
@@ -795,8 +795,9 @@ mod tests {
             max_message_size: 1 << 20,
             ..Params::default()
         };
-        // The small side sends chunks it can stage; the large side sends what the small takes.
-        assert_eq!(negotiate(&small, &large).unwrap().max_send_size, 4096);
+        // Each side sends chunks as large as the peer's receives (it stages them in buffers of
+        // that size, apart from its own receive buffers).
+        assert_eq!(negotiate(&small, &large).unwrap().max_send_size, 64 << 10);
         assert_eq!(negotiate(&large, &small).unwrap().max_send_size, 4096);
         assert_eq!(negotiate(&large, &large).unwrap().max_send_size, 64 << 10);
     }
@@ -839,8 +840,8 @@ mod tests {
         assert!(!c.atomics, "only the server offers atomics");
         let s = negotiate(&server, &client).unwrap();
         assert_eq!((s.send_credits, s.recv_credits), (128, 16));
-        // The client takes 8 KiB, but the server stages sends in its own 128-byte buffers.
-        assert_eq!((s.max_send_size, s.max_inline), (128, 64));
+        // The client takes 8 KiB chunks.
+        assert_eq!((s.max_send_size, s.max_inline), (8192, 64));
         assert_eq!(s.max_message_size, c.max_message_size);
     }
 
