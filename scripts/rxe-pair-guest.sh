@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# rxe-pair, in each VM: the COMMAND that scripts/rxe-pair asks scripts/rxe-vm to run (as root,
+# chrooted into the host's root, in the host's current directory, rxe0 ACTIVE on eth0).
+# Arguments: the side's own command. Environment: RXE_PAIR_SIDE, RXE_PAIR_CTL, ... (see rxe-pair).
+#
+#  1. start barrier: writes CTL/ready.SIDE, waits for CTL/go (the host writes it once both VMs
+#     are ready), so both commands start together;
+#  2. runs the command in a session of its own (setsid: kill-cmd signals its whole process group),
+#     stdin /dev/null, stdout+stderr as this script's (the VM's output stream);
+#  3. meanwhile a fault agent polls CTL/inbox.SIDE for requests ID.cmd (verb and arguments, one
+#     per line) that the host forwards, applies them to eth0 / the command, and answers in
+#     ID.res: first line "ok|error MESSAGE", then details;
+#  4. when the command ends: writes "exit N" to CTL/status.SIDE and exits with N (which rxe-vm
+#     passes on).
+set -euo pipefail
+
+side=${RXE_PAIR_SIDE:?not started by scripts/rxe-pair} ctl=${RXE_PAIR_CTL:?not started by scripts/rxe-pair}
+inbox=$ctl/inbox.$side
+state=/run/rxe-pair # guest-local tmpfs
+dev=eth0
+mkdir -p "$state"
+exec {log_fd}>&2
+say() { echo "rxe-pair[$side]: $*" >&"$log_fd"; }
+
+nap_fd=''
+nap() { # sleep without forking (read from a FIFO nobody writes to)
+	if [ -z "$nap_fd" ]; then
+		mkfifo "$state/nap"
+		exec {nap_fd}<>"$state/nap"
+	fi
+	read -r -t "$1" -u "$nap_fd" _ || true
+}
+
+# ---- faults ---------------------------------------------------------------------------------------
+# shellcheck disable=SC2317 # invoked indirectly (later)
+restore_netem() { # the netem setting saved by the last `netem` fault, or none
+	local args=()
+	if [ -s "$state/netem" ]; then
+		mapfile -t args <"$state/netem"
+		tc qdisc replace dev "$dev" root netem "${args[@]}"
+	else
+		tc qdisc del dev "$dev" root 2>/dev/null || true
+	fi
+}
+
+later() { # SECONDS MESSAGE COMMAND...: run COMMAND after SECONDS, in the background
+	local s=$1 msg=$2
+	shift 2
+	(
+		sleep "$s"
+		if "$@"; then say "$msg"; else say "FAILED: $msg"; fi
+	) </dev/null >&"$log_fd" 2>&1 &
+}
+
+seconds_re='^[0-9]+([.][0-9]+)?$'
+apply() { # VERB ARG...: prints a one-line message (then details); fails if the fault failed
+	local verb=${1:-} pid sig stats
+	shift || true
+	case $verb in
+	netem)
+		[ $# -gt 0 ] || { echo "netem needs arguments (e.g. loss 5%)"; return 1; }
+		tc qdisc replace dev "$dev" root netem "$@" 2>&1 || return 1
+		printf '%s\n' "$@" >"$state/netem"
+		echo "$dev: netem $*"
+		;;
+	clear)
+		stats=$(tc -s qdisc show dev "$dev" 2>/dev/null |
+			sed -n '/^qdisc netem/{n;s/^ *Sent [0-9]* bytes \([0-9]*\) pkt (dropped \([0-9]*\),.*/sent \1 pkt, dropped \2/p;q}')
+		rm -f "$state/netem"
+		tc qdisc del dev "$dev" root 2>/dev/null || true
+		ip link set "$dev" up 2>&1 || return 1
+		echo "$dev: no netem${stats:+ (it had $stats)}, link up"
+		;;
+	link)
+		case ${1:-} in
+		up)
+			ip link set "$dev" up 2>&1 || return 1
+			echo "$dev up"
+			;;
+		down)
+			if [ -n "${2:-}" ] && ! [[ $2 =~ $seconds_re ]]; then echo "link down [SECONDS]: bad '$2'"; return 1; fi
+			ip link set "$dev" down 2>&1 || return 1
+			[ -z "${2:-}" ] || later "$2" "$dev up again after ${2}s" ip link set "$dev" up
+			echo "$dev down${2:+ for ${2}s}"
+			;;
+		*) echo "link up|down [SECONDS]"; return 1 ;;
+		esac
+		;;
+	partition)
+		[[ ${1:-} =~ $seconds_re ]] || { echo "partition SECONDS"; return 1; }
+		tc qdisc replace dev "$dev" root netem loss 100% 2>&1 || return 1
+		later "$1" "partition over after ${1}s" restore_netem
+		echo "$dev drops everything it sends for ${1}s"
+		;;
+	kill-cmd)
+		sig=${1:-KILL}
+		pid=$(cat "$state/cmd.pid")
+		kill -0 "$pid" 2>/dev/null || { echo "the command (pid $pid) has ended"; return 1; }
+		kill -s "$sig" -- "-$pid" 2>/dev/null || kill -s "$sig" "$pid" 2>&1 || return 1
+		echo "sent SIG${sig#SIG} to the command (process group $pid)"
+		;;
+	run)
+		[ $# -gt 0 ] || { echo "run needs a command"; return 1; }
+		local out rc=0
+		out=$("$@" 2>&1) || rc=$?
+		echo "$* exited with status $rc"
+		[ -z "$out" ] || printf '%s\n' "$out"
+		return $rc
+		;;
+	*)
+		echo "unknown verb '$verb'"
+		return 1
+		;;
+	esac
+}
+
+agent() {
+	set +e
+	local f id args out st
+	while :; do
+		for f in "$inbox"/*.cmd; do
+			[ -e "$f" ] || continue
+			id=${f##*/}
+			id=${id%.cmd}
+			mapfile -t args <"$f"
+			rm -f "$f"
+			if out=$(apply "${args[@]}" 2>&1); then st=ok; else st=error; fi
+			say "fault ${args[*]}: $st: ${out%%$'\n'*}"
+			printf '%s %s\n' "$st" "$out" >"$inbox/.$id.res"
+			mv -f "$inbox/.$id.res" "$inbox/$id.res"
+		done
+		nap 0.2
+	done
+}
+
+# ---- run ------------------------------------------------------------------------------------------
+: >"$ctl/ready.$side"
+until [ -e "$ctl/go" ]; do nap 0.1; done
+
+setsid "$@" </dev/null &
+cmd_pid=$!
+echo "$cmd_pid" >"$state/cmd.pid"
+agent </dev/null &
+agent_pid=$!
+rc=0
+wait "$cmd_pid" || rc=$?
+kill "$agent_pid" 2>/dev/null || true
+wait "$agent_pid" 2>/dev/null || true
+printf 'exit %d\n' "$rc" >"$ctl/.status.$side"
+mv -f "$ctl/.status.$side" "$ctl/status.$side"
+exit "$rc"
