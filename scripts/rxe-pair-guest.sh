@@ -9,7 +9,9 @@
 #     stdin /dev/null, stdout+stderr as this script's (the VM's output stream);
 #  3. meanwhile a fault agent polls CTL/inbox.SIDE for requests ID.cmd (verb and arguments, one
 #     per line) that the host forwards, applies them to eth0 / the command, and answers in
-#     ID.res: first line "ok|error MESSAGE", then details;
+#     ID.res: "ok|error N", then N lines (a one-line message, then details). The host deletes
+#     both files. The agent runs only builtins besides the fault's own tc/ip: every exec costs
+#     0.1-0.4 s in these guests (binaries and libraries come over 9p, under TCG);
 #  4. when the command ends: writes "exit N" to CTL/status.SIDE and exits with N (which rxe-vm
 #     passes on).
 set -euo pipefail
@@ -19,15 +21,13 @@ inbox=$ctl/inbox.$side
 state=/run/rxe-pair # guest-local tmpfs
 dev=eth0
 mkdir -p "$state"
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd # for <(...): devtmpfs has no /dev/fd
 exec {log_fd}>&2
 say() { echo "rxe-pair[$side]: $*" >&"$log_fd"; }
 
 nap_fd=''
-nap() { # sleep without forking (read from a FIFO nobody writes to)
-	if [ -z "$nap_fd" ]; then
-		mkfifo "$state/nap"
-		exec {nap_fd}<>"$state/nap"
-	fi
+nap() { # sleep without an exec: read with a timeout from a pipe nobody writes to
+	[ -n "$nap_fd" ] || exec {nap_fd}<> <(:)
 	read -r -t "$1" -u "$nap_fd" _ || true
 }
 
@@ -35,7 +35,7 @@ nap() { # sleep without forking (read from a FIFO nobody writes to)
 # shellcheck disable=SC2317 # invoked indirectly (later)
 restore_netem() { # the netem setting saved by the last `netem` fault, or none
 	local args=()
-	if [ -s "$state/netem" ]; then
+	if [ -s "$state/netem" ]; then # saved by the last `netem` fault; empty after `clear`
 		mapfile -t args <"$state/netem"
 		tc qdisc replace dev "$dev" root netem "${args[@]}"
 	else
@@ -66,7 +66,7 @@ apply() { # VERB ARG...: prints a one-line message (then details); fails if the 
 	clear)
 		stats=$(tc -s qdisc show dev "$dev" 2>/dev/null |
 			sed -n '/^qdisc netem/{n;s/^ *Sent [0-9]* bytes \([0-9]*\) pkt (dropped \([0-9]*\),.*/sent \1 pkt, dropped \2/p;q}')
-		rm -f "$state/netem"
+: >"$state/netem"
 		tc qdisc del dev "$dev" root 2>/dev/null || true
 		ip link set "$dev" up 2>&1 || return 1
 		echo "$dev: no netem${stats:+ (it had $stats)}, link up"
@@ -94,7 +94,7 @@ apply() { # VERB ARG...: prints a one-line message (then details); fails if the 
 		;;
 	kill-cmd)
 		sig=${1:-KILL}
-		pid=$(cat "$state/cmd.pid")
+		pid=$cmd_pid
 		kill -0 "$pid" 2>/dev/null || { echo "the command (pid $pid) has ended"; return 1; }
 		kill -s "$sig" -- "-$pid" 2>/dev/null || kill -s "$sig" "$pid" 2>&1 || return 1
 		echo "sent SIG${sig#SIG} to the command (process group $pid)"
@@ -116,18 +116,21 @@ apply() { # VERB ARG...: prints a one-line message (then details); fails if the 
 
 agent() {
 	set +e
-	local f id args out st
+	local f id args out lines st
+	local -A seen=()
 	while :; do
-		for f in "$inbox"/*.cmd; do
+		for f in "$inbox"/*.cmd; do # renamed into place by the host: complete
 			[ -e "$f" ] || continue
 			id=${f##*/}
 			id=${id%.cmd}
+			[ -z "${seen[$id]:-}" ] || continue # answered; the host has not removed it yet
+			seen[$id]=1
 			mapfile -t args <"$f"
-			rm -f "$f"
 			if out=$(apply "${args[@]}" 2>&1); then st=ok; else st=error; fi
-			say "fault ${args[*]}: $st: ${out%%$'\n'*}"
-			printf '%s %s\n' "$st" "$out" >"$inbox/.$id.res"
-			mv -f "$inbox/.$id.res" "$inbox/$id.res"
+			[ -n "$out" ] || out=$st
+			mapfile -t lines <<<"$out"
+			say "fault ${args[*]}: $st: ${lines[0]}"
+			printf '%s\n' "$st ${#lines[@]}" "${lines[@]}" >"$inbox/$id.res"
 		done
 		nap 0.2
 	done
@@ -139,13 +142,11 @@ until [ -e "$ctl/go" ]; do nap 0.1; done
 
 setsid "$@" </dev/null &
 cmd_pid=$!
-echo "$cmd_pid" >"$state/cmd.pid"
 agent </dev/null &
 agent_pid=$!
 rc=0
 wait "$cmd_pid" || rc=$?
 kill "$agent_pid" 2>/dev/null || true
 wait "$agent_pid" 2>/dev/null || true
-printf 'exit %d\n' "$rc" >"$ctl/.status.$side"
-mv -f "$ctl/.status.$side" "$ctl/status.$side"
+printf 'exit %d\n' "$rc" >"$ctl/status.$side" # one short write: complete when it appears
 exit "$rc"
