@@ -32,12 +32,32 @@ nap() { # sleep without an exec: read with a timeout from a pipe nobody writes t
 }
 
 # ---- faults ---------------------------------------------------------------------------------------
+# A fresh root netem qdisc with exactly the given settings. `tc qdisc replace` with the handle in
+# use would *change* the qdisc, keeping settings not named again (corrupt 1% survives a later
+# `netem delay 20ms`); a different handle grafts a new one in its place, atomically. The kernel
+# refuses that graft while the old one duplicates packets: then delete it first.
+netem_set() {
+	local h=0 err
+	[ ! -s "$state/handle" ] || read -r h <"$state/handle"
+	h=$((h % 2 + 1))
+	if ! err=$(tc qdisc replace dev "$dev" root handle "$h": netem "$@" 2>&1); then
+		case $err in
+		*"cannot mix duplicating netems"*)
+			tc qdisc del dev "$dev" root 2>/dev/null
+			tc qdisc add dev "$dev" root handle "$h": netem "$@" 2>&1 || return 1
+			;;
+		*) printf '%s\n' "$err"; return 1 ;;
+		esac
+	fi
+	echo "$h" >"$state/handle"
+}
+
 # shellcheck disable=SC2317 # invoked indirectly (later)
 restore_netem() { # the netem setting saved by the last `netem` fault, or none
 	local args=()
 	if [ -s "$state/netem" ]; then # saved by the last `netem` fault; empty after `clear`
 		mapfile -t args <"$state/netem"
-		tc qdisc replace dev "$dev" root netem "${args[@]}"
+		netem_set "${args[@]}"
 	else
 		tc qdisc del dev "$dev" root 2>/dev/null || true
 	fi
@@ -59,7 +79,7 @@ apply() { # VERB ARG...: prints a one-line message (then details); fails if the 
 	case $verb in
 	netem)
 		[ $# -gt 0 ] || { echo "netem needs arguments (e.g. loss 5%)"; return 1; }
-		tc qdisc replace dev "$dev" root netem "$@" 2>&1 || return 1
+		netem_set "$@" || return 1
 		printf '%s\n' "$@" >"$state/netem"
 		echo "$dev: netem $*"
 		;;
@@ -88,7 +108,7 @@ apply() { # VERB ARG...: prints a one-line message (then details); fails if the 
 		;;
 	partition)
 		[[ ${1:-} =~ $seconds_re ]] || { echo "partition SECONDS"; return 1; }
-		tc qdisc replace dev "$dev" root netem loss 100% 2>&1 || return 1
+		netem_set loss 100% || return 1
 		later "$1" "partition over after ${1}s" restore_netem
 		echo "$dev drops everything it sends for ${1}s"
 		;;
@@ -118,7 +138,7 @@ agent() {
 	set +e
 	local f id args out lines st
 	local -A seen=()
-	while :; do
+	while [ ! -e "$state/stop" ]; do
 		for f in "$inbox"/*.cmd; do # renamed into place by the host: complete
 			[ -e "$f" ] || continue
 			id=${f##*/}
@@ -145,7 +165,15 @@ cmd_pid=$!
 agent </dev/null &
 agent_pid=$!
 rc=0
-wait "$cmd_pid" || rc=$?
+wait "$cmd_pid" 2>/dev/null || rc=$? # (2>/dev/null: no "Killed" job notice from bash)
+[ "$rc" -le 128 ] || say "the command died of signal $((rc - 128))"
+# Let the agent answer the request in progress (the kill-cmd that ended the command, say), then
+# stop it; the status file comes after, so the host sees the answer first.
+: >"$state/stop"
+for ((i = 0; i < 50; i++)); do
+	kill -0 "$agent_pid" 2>/dev/null || break
+	nap 0.1
+done
 kill "$agent_pid" 2>/dev/null || true
 wait "$agent_pid" 2>/dev/null || true
 printf 'exit %d\n' "$rc" >"$ctl/status.$side" # one short write: complete when it appears
