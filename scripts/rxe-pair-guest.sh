@@ -159,6 +159,7 @@ agent() {
 # ---- run ------------------------------------------------------------------------------------------
 : >"$ctl/ready.$side"
 until [ -e "$ctl/go" ]; do nap 0.1; done
+[ "${RXE_PAIR_STAGGER:-0}" = 0 ] || nap "$RXE_PAIR_STAGGER" # rxe-pair --stagger, on B
 
 setsid "$@" </dev/null &
 cmd_pid=$!
