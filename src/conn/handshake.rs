@@ -5,7 +5,10 @@
 //! Pure logic: no FFI, no I/O, no `unsafe`. Malformed input gets a typed error naming the
 //! offending field before any queue pair is used for data.
 //!
-//! # Wire format (version 1)
+//! # Wire format (version 2)
+//!
+//! Version 2 is the message protocol of [`core::conn`](crate::core::conn) (control window,
+//! abort and error messages); version 1 peers are refused. The layout is unchanged.
 //!
 //! 28 bytes, big endian, well under the 56 bytes of private data an RC connect request carries
 //! on InfiniBand and RoCE (the accept reply allows 196):
@@ -13,7 +16,7 @@
 //! | offset | size | field                                                           |
 //! |-------:|-----:|-----------------------------------------------------------------|
 //! | 0      | 4    | magic `b"TRDM"`                                                 |
-//! | 4      | 1    | version (1)                                                     |
+//! | 4      | 1    | version (2)                                                     |
 //! | 5      | 1    | encoded length (28; a compatible revision may append fields)    |
 //! | 6      | 2    | flags ([`Flags`])                                               |
 //! | 8      | 4    | receive credits: receive buffers posted for the peer            |
@@ -50,7 +53,7 @@ use std::ops::BitOr;
 /// The first four bytes of every handshake.
 pub const MAGIC: [u8; 4] = *b"TRDM";
 /// The handshake version this crate speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length of the version-1 encoding.
 pub const ENCODED_LEN: usize = 28;
 /// Private data an RC connect request carries on InfiniBand/RoCE (`rdma_connect(3)`); the
@@ -92,7 +95,7 @@ impl Flags {
     pub const REQUIRE_ONE_SIDED: Flags = Flags(1 << 8);
     /// This side needs the peer to offer [`ATOMICS`](Self::ATOMICS).
     pub const REQUIRE_ATOMICS: Flags = Flags(1 << 9);
-    /// Every bit version 1 defines.
+    /// Every bit this version defines.
     pub const KNOWN: Flags = Flags(0x0303);
 
     /// The raw bits.
@@ -390,7 +393,7 @@ impl Params {
         Ok(())
     }
 
-    /// Validates and encodes the parameters (version 1, [`ENCODED_LEN`] bytes).
+    /// Validates and encodes the parameters ([`VERSION`], [`ENCODED_LEN`] bytes).
     ///
     /// # Errors
     ///
@@ -455,7 +458,7 @@ impl Params {
             return Err(invalid(
                 Field::EncodedLen,
                 len as u64,
-                "shorter than the version 1 encoding (28 bytes)",
+                "shorter than the 28-byte encoding",
             ));
         }
         if input.len() < len {
@@ -599,7 +602,7 @@ mod tests {
         assert_eq!(
             b,
             [
-                b'T', b'R', b'D', b'M', 1, 28, 0x01, 0x01, 0, 0, 0, 128, 0, 0, 0x20, 0, 0, 0, 0,
+                b'T', b'R', b'D', b'M', 2, 28, 0x01, 0x01, 0, 0, 0, 128, 0, 0, 0x20, 0, 0, 0, 0,
                 220, 0, 0, 0, 0, 0x04, 0, 0, 0
             ]
         );
@@ -658,13 +661,13 @@ mod tests {
             Params::decode(b"HTTP"),
             Err(HandshakeError::BadMagic { .. })
         ));
-        for version in [0u8, 2, 255] {
+        for version in [0u8, 1, 3, 255] {
             let v = with(|b| b[4] = version);
             assert_eq!(
                 Params::decode(&v),
                 Err(HandshakeError::UnsupportedVersion {
                     found: version,
-                    supported: 1
+                    supported: 2
                 })
             );
         }
