@@ -108,7 +108,11 @@ async fn sixty_four_connections_exchange_random_messages_without_rnr() {
         .recv_buf_size(16 << 10)
         .max_message_size(1 << 20)
         .connect_timeout(Duration::from_secs(300))
-        .handshake_timeout(Duration::from_secs(300));
+        .handshake_timeout(Duration::from_secs(300))
+        // 64 connections moving 1 MiB messages at once through emulated rxe can leave one
+        // queue pair unserved for longer than the default 10 s; this test is about flow
+        // control, not dead-peer detection (tests/conn_hostile.rs covers that).
+        .keepalive_timeout(Duration::from_secs(120));
     let listener = Arc::new(
         Listener::bind_with(addr(7002), opts.clone())
             .await

@@ -139,7 +139,13 @@ pub(crate) async fn run(
         };
         tokio::select! {
             Some((res, buf)) = posted.recvs.next(), if !posted.recvs.is_empty() => {
-                shared.with_driver(|p| p.handle_recv(recv_outcome(res), buf));
+                let now = Instant::now().into_std();
+                shared.with_driver(|p| {
+                    if res.is_ok() {
+                        p.heard(now);
+                    }
+                    p.handle_recv(recv_outcome(res), buf);
+                });
             }
             Some((kind, res)) = controls.next(), if !controls.is_empty() => {
                 if let Err(e) = &res {

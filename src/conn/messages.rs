@@ -64,16 +64,19 @@ impl Connection {
             if staging.is_none() {
                 // Only the message whose turn it is takes a staging buffer.
                 drive(
+                    self,
                     &mut inflight,
                     std::future::poll_fn(|cx| {
                         self.shared.poll_with(cx, |p, cx| p.poll_turn(id, cx))
                     }),
                 )
                 .await?;
-                let buf = drive(&mut inflight, self.shared.staging.acquire(chunk_size)).await?;
+                let buf =
+                    drive(self, &mut inflight, self.shared.staging.acquire(chunk_size)).await?;
                 staging = Some(buf);
             }
             let (op, last) = drive(
+                self,
                 &mut inflight,
                 std::future::poll_fn(|cx| {
                     self.shared.poll_with(cx, |p, cx| {
@@ -108,6 +111,7 @@ impl Connection {
         guard.armed = false;
         while let Some((res, _buf)) = inflight.next().await {
             res?;
+            self.heard();
         }
         Ok(())
     }
@@ -136,7 +140,11 @@ impl Connection {
 
 /// Awaits `fut` while also driving the in-flight chunk sends (their completions free
 /// buffers). A failed chunk fails the whole message.
-async fn drive<F, T>(inflight: &mut FuturesUnordered<Send<PoolBuf>>, fut: F) -> Result<T>
+async fn drive<F, T>(
+    conn: &Connection,
+    inflight: &mut FuturesUnordered<Send<PoolBuf>>,
+    fut: F,
+) -> Result<T>
 where
     F: Future<Output = Result<T>>,
 {
@@ -145,10 +153,23 @@ where
         if let Poll::Ready(v) = fut.as_mut().poll(cx) {
             return Poll::Ready(v);
         }
+        let mut heard = false;
         while let Poll::Ready(Some((res, _buf))) = inflight.poll_next_unpin(cx) {
             res?;
+            heard = true;
+        }
+        if heard {
+            conn.heard();
         }
         Poll::Pending
     })
     .await
+}
+
+impl Connection {
+    /// A chunk's send completed: the peer is alive (its keepalive deadline starts over).
+    fn heard(&self) {
+        let now = std::time::Instant::now();
+        self.shared.with(|p| p.heard(now));
+    }
 }

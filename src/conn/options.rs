@@ -50,10 +50,11 @@ pub struct ConnectOptions {
     /// must acknowledge.
     pub keepalive: Option<Duration>,
     /// Fail the connection with [`QpFailure::KeepaliveTimeout`](crate::QpFailure) when a
-    /// keepalive (or any control message) is unacknowledged this long. With `keepalive`, a
-    /// peer that dies silently (no disconnect arrives) is detected within
-    /// `keepalive + keepalive_timeout`; the transport's own retries (`ack_timeout`,
-    /// `retry_count`) may detect it sooner.
+    /// keepalive (or any control message) has been outstanding this long with no sign of life
+    /// from the peer (no receive arrived, nothing completed). With `keepalive`, a peer that
+    /// dies silently (no disconnect arrives) is detected within `keepalive + keepalive_timeout`;
+    /// the transport's own retries (`ack_timeout`, `retry_count`) may detect it sooner. A slow
+    /// but live peer is not declared dead.
     pub keepalive_timeout: Duration,
     /// Transport retries of the queue pair before a send fails with `IBV_WC_RETRY_EXC_ERR`
     /// (0-6; 7 would mean "retry forever" on some devices, soft-RoCE among them, so it is

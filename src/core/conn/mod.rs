@@ -32,7 +32,8 @@
 //!   never use a receive a data chunk was promised.
 //! * **Failures are loud.** A protocol violation fails the connection with its
 //!   [`ProtocolError`] (and tells the peer); a failure is never reported as a clean close; a
-//!   control message (or keepalive) unacknowledged for `keepalive_timeout` fails it with
+//!   control message (or keepalive) outstanding for `keepalive_timeout` without any sign of
+//!   life from the peer (no receive, no completion) fails it with
 //!   [`QpFailure::KeepaliveTimeout`].
 #![forbid(unsafe_code)]
 
@@ -188,6 +189,9 @@ pub struct ConnProto<B> {
     control_inflight: VecDeque<Instant>,
     /// Since when a due control message waits for the peer's confirmation.
     ctrl_blocked_since: Option<Instant>,
+    /// When the peer last showed it is alive (a receive arrived, or a control message of
+    /// ours completed).
+    last_heard: Instant,
     // Keepalive.
     keepalive_due: bool,
     next_keepalive: Option<Instant>,
@@ -219,6 +223,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             error_sent: false,
             control_inflight: VecDeque::new(),
             ctrl_blocked_since: None,
+            last_heard: now,
             keepalive_due: false,
             next_keepalive: cfg.keepalive.map(|k| now + k),
             wakers: Vec::new(),
@@ -549,6 +554,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             self.fail(cause);
             return;
         }
+        self.heard(now);
         if kind == MsgKind::Close {
             self.close_done = true;
             self.wakers.append(&mut self.close_wakers);
@@ -568,11 +574,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         if self.failure.is_some() {
             return None;
         }
-        let oldest = match (self.control_inflight.front(), self.ctrl_blocked_since) {
-            (Some(&a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.copied().or(b),
-        };
-        let deadline = oldest.map(|t| t + self.cfg.keepalive_timeout);
+        let deadline = self.waiting_since().map(|t| t + self.cfg.keepalive_timeout);
         let keepalive = if self.keepalive_due {
             None
         } else {
@@ -589,15 +591,8 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         if self.failure.is_some() {
             return;
         }
-        let oldest = [
-            self.control_inflight.front().copied(),
-            self.ctrl_blocked_since,
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        if let Some(since) = oldest {
-            if now.duration_since(since) >= self.cfg.keepalive_timeout {
+        if let Some(since) = self.waiting_since() {
+            if now.saturating_duration_since(since) >= self.cfg.keepalive_timeout {
                 self.fail(QpFailure::KeepaliveTimeout(self.cfg.keepalive_timeout));
                 return;
             }
@@ -609,6 +604,27 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
                 self.kick();
             }
         }
+    }
+
+    /// The peer showed it is alive at `now` (a receive arrived): the keepalive deadline runs
+    /// from the last sign of life, so a slow but live peer is not declared dead.
+    pub fn heard(&mut self, now: Instant) {
+        if now > self.last_heard {
+            self.last_heard = now;
+        }
+    }
+
+    /// Since when this side has been waiting for the peer without hearing from it: the oldest
+    /// control message in flight or blocked on the window, unless the peer was heard since.
+    fn waiting_since(&self) -> Option<Instant> {
+        let oldest = [
+            self.control_inflight.front().copied(),
+            self.ctrl_blocked_since,
+        ]
+        .into_iter()
+        .flatten()
+        .min()?;
+        Some(oldest.max(self.last_heard))
     }
 
     // ---- failure -------------------------------------------------------------------------

@@ -643,3 +643,33 @@ fn an_unanswered_control_message_fails_the_connection_after_the_keepalive_timeou
         Some(&QpFailure::KeepaliveTimeout(Duration::from_secs(3)))
     );
 }
+
+#[test]
+fn a_slow_but_live_peer_is_not_declared_dead() {
+    let cfg = ConnConfig {
+        keepalive: Some(Duration::from_secs(1)),
+        keepalive_timeout: Duration::from_secs(3),
+        ..config(2, 64)
+    };
+    let t0 = Instant::now();
+    let mut p: ConnProto<Vec<u8>> = ConnProto::new(cfg, t0);
+    let n = p.recvs_to_post();
+    p.recvs_posted(n);
+    p.handle_timeout(t0 + Duration::from_secs(1));
+    assert!(p.poll_transmit(t0 + Duration::from_secs(1)).is_some());
+    // The keepalive's completion is stuck behind other traffic, but receives keep arriving.
+    for s in 2..10 {
+        let now = t0 + Duration::from_secs(s);
+        p.heard(now);
+        p.handle_timeout(now);
+        assert!(p.failure().is_none(), "alive at {s} s: {:?}", p.failure());
+    }
+    // Then silence: dead 3 s after the last sign of life.
+    p.handle_timeout(t0 + Duration::from_secs(11));
+    assert!(p.failure().is_none());
+    p.handle_timeout(t0 + Duration::from_secs(12));
+    assert_eq!(
+        p.failure(),
+        Some(&QpFailure::KeepaliveTimeout(Duration::from_secs(3)))
+    );
+}
