@@ -235,8 +235,7 @@ impl RawPeer {
         // SAFETY: the slot's memory belongs to `recv_mem`, which lives as long as the queue
         // pair (both are fields of `self`, and the queue pair is destroyed first); nothing
         // reads or writes the slot until its completion is polled.
-        unsafe { self.qp.post_recv(&[RecvWr::new(u64::from(slot), &sge)]) }
-            .expect("post_recv");
+        unsafe { self.qp.post_recv(&[RecvWr::new(u64::from(slot), &sge)]) }.expect("post_recv");
     }
 
     /// A header of `kind` carrying this peer's `ctrl_ack` and the credits it owes.
@@ -354,7 +353,8 @@ impl RawPeer {
 
     /// Whether the peer saw `DISCONNECTED`.
     pub fn disconnected(&self) -> bool {
-        self.log.contains(&Seen::Cm(CmEventKind::Disconnected.name()))
+        self.log
+            .contains(&Seen::Cm(CmEventKind::Disconnected.name()))
     }
 
     /// Whether any of its sends failed.
