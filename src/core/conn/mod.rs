@@ -31,10 +31,11 @@
 //!   their own (see [`Credits`]), so credit returns never wait for the peer's application and
 //!   never use a receive a data chunk was promised.
 //! * **Failures are loud.** A protocol violation fails the connection with its
-//!   [`ProtocolError`] (and tells the peer); a failure is never reported as a clean close; a
-//!   control message (or keepalive) outstanding for `keepalive_timeout` without any sign of
-//!   life from the peer (no receive, no completion) fails it with
-//!   [`QpFailure::KeepaliveTimeout`].
+//!   [`ProtocolError`] (and tells the peer, unless the report cannot go out and complete
+//!   within `keepalive_timeout`: the disconnect never waits longer for it); a failure is never
+//!   reported as a clean close; a control message (or keepalive) outstanding for
+//!   `keepalive_timeout` without any sign of life from the peer (no receive, no completion)
+//!   fails it with [`QpFailure::KeepaliveTimeout`].
 #![forbid(unsafe_code)]
 
 mod credits;
@@ -185,6 +186,11 @@ pub struct ConnProto<B> {
     pending_abort: bool,
     pending_error: Option<ProtocolError>,
     error_sent: bool,
+    /// Since when the error report waits for room in the control window.
+    error_blocked_since: Option<Instant>,
+    /// The error report could not go out, or did not complete, within the keepalive timeout:
+    /// the disconnect no longer waits for it.
+    error_abandoned: bool,
     /// When each control message in flight (handed out, not completed) was handed out.
     control_inflight: VecDeque<Instant>,
     /// Since when a due control message waits for the peer's confirmation.
@@ -221,6 +227,8 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             pending_abort: false,
             pending_error: None,
             error_sent: false,
+            error_blocked_since: None,
+            error_abandoned: false,
             control_inflight: VecDeque::new(),
             ctrl_blocked_since: None,
             last_heard: now,
@@ -480,7 +488,13 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// pending error report, an abort, end of stream, a keepalive, or a credit return.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         if let Some(e) = self.pending_error {
-            if self.error_sent || !self.take_control(now, true) {
+            if self.error_sent || self.error_abandoned {
+                return None;
+            }
+            if !self.take_control(now, true) {
+                // The peer has not confirmed our last control messages (a hostile peer may
+                // never): the report waits, at most the keepalive timeout.
+                self.error_blocked_since.get_or_insert(now);
                 return None;
             }
             self.error_sent = true;
@@ -572,7 +586,13 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// When [`handle_timeout`](Self::handle_timeout) must be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.failure.is_some() {
-            return None;
+            // Only an error report still to go out (or to complete) has a deadline.
+            if !self.error_report_pending() {
+                return None;
+            }
+            return self
+                .error_report_since()
+                .map(|t| t + self.cfg.keepalive_timeout);
         }
         let deadline = self.waiting_since().map(|t| t + self.cfg.keepalive_timeout);
         let keepalive = if self.keepalive_due {
@@ -589,6 +609,15 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// Time passed: a keepalive may be due, or a control message overdue (the peer is gone).
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.failure.is_some() {
+            let overdue = self
+                .error_report_since()
+                .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.keepalive_timeout);
+            if self.error_report_pending() && overdue {
+                // The peer takes no error report (no receive posted, or it never confirms our
+                // control messages): disconnect without it.
+                self.error_abandoned = true;
+                self.kick();
+            }
             return;
         }
         if let Some(since) = self.waiting_since() {
@@ -658,8 +687,23 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     }
 
     /// Whether an error report to the peer is still to go out (hold the disconnect until it
-    /// completed or timed out).
+    /// completed or, after the keepalive timeout, was given up; see
+    /// [`handle_timeout`](Self::handle_timeout)).
     pub fn error_report_pending(&self) -> bool {
-        self.pending_error.is_some() && (!self.error_sent || !self.control_inflight.is_empty())
+        self.pending_error.is_some()
+            && !self.error_abandoned
+            && (!self.error_sent || !self.control_inflight.is_empty())
+    }
+
+    /// Since when the error report has been waiting: for room in the control window, or for
+    /// the completion of the control messages in flight (the report among them).
+    fn error_report_since(&self) -> Option<Instant> {
+        [
+            self.error_blocked_since,
+            self.control_inflight.front().copied(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }

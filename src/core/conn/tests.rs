@@ -673,3 +673,59 @@ fn a_slow_but_live_peer_is_not_declared_dead() {
         Some(&QpFailure::KeepaliveTimeout(Duration::from_secs(3)))
     );
 }
+
+#[test]
+fn an_error_report_the_peer_never_takes_is_given_up_after_the_keepalive_timeout() {
+    let cfg = ConnConfig {
+        keepalive: None,
+        keepalive_timeout: Duration::from_secs(3),
+        ..config(4, 64)
+    };
+    let t0 = Instant::now();
+    // (a) The peer never confirms our control messages: after three rounds of its two control
+    // messages (each round makes us send a confirmation) our window is full, and the report
+    // of its violation cannot be sent at all.
+    let mut p = hostile(cfg);
+    for _ in 0..3 {
+        for _ in 0..2 {
+            p.handle_recv(Ok((0, imm(MsgKind::Credit, 0))), Vec::new());
+            let n = p.recvs_to_post();
+            p.recvs_posted(n);
+        }
+        let t = p.poll_transmit(t0).expect("a confirmation");
+        assert_eq!(t.kind, MsgKind::Credit);
+        p.handle_control_done(MsgKind::Credit, Ok(()), t0);
+    }
+    assert_eq!(p.credits().ctrl_unconfirmed(), 3);
+    p.handle_recv(Ok((0, Some(9 << 28))), Vec::new());
+    assert!(p.poll_transmit(t0).is_none(), "no room for the report");
+    assert!(p.error_report_pending() && !p.should_disconnect());
+    assert_eq!(p.poll_timeout(), Some(t0 + Duration::from_secs(3)));
+    p.handle_timeout(t0 + Duration::from_secs(2));
+    assert!(!p.should_disconnect(), "still within the keepalive timeout");
+    p.handle_timeout(t0 + Duration::from_secs(3));
+    assert!(!p.error_report_pending() && p.should_disconnect());
+    assert!(p.poll_transmit(t0 + Duration::from_secs(3)).is_none());
+    assert_eq!(p.poll_timeout(), None);
+    assert_eq!(
+        p.failure(),
+        Some(&QpFailure::Protocol(ProtocolError::BadHeader(9 << 28)))
+    );
+
+    // (b) The report went out but never completes (the peer has no receive for it and the
+    // device retries for ever).
+    let mut p = hostile(cfg);
+    p.handle_recv(Ok((0, Some(9 << 28))), Vec::new());
+    assert_eq!(p.poll_transmit(t0).map(|t| t.kind), Some(MsgKind::Error));
+    assert!(!p.should_disconnect());
+    assert_eq!(p.poll_timeout(), Some(t0 + Duration::from_secs(3)));
+    p.handle_timeout(t0 + Duration::from_secs(3));
+    assert!(p.should_disconnect());
+    // Completed in time, the report needs no deadline.
+    let mut p = hostile(cfg);
+    p.handle_recv(Ok((0, Some(9 << 28))), Vec::new());
+    assert!(p.poll_transmit(t0).is_some());
+    p.handle_control_done(MsgKind::Error, Ok(()), t0);
+    assert!(p.should_disconnect());
+    assert_eq!(p.poll_timeout(), None);
+}
