@@ -154,16 +154,10 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// A work request completed with an error status.
-    #[error("work completion failed: {status} (vendor error {vendor_err:#x})")]
-    WorkCompletion {
-        /// The status the device reported.
-        status: WcStatus,
-        /// The vendor-specific syndrome.
-        vendor_err: u32,
-    },
-    /// The queue pair failed (or was closed); the operation did not complete. Every operation
-    /// outstanding on a failed queue pair, and every later one, reports the same cause.
+    /// The queue pair failed, or was closed: the one error shape for every operation that did
+    /// not complete. The operation whose work completion failed first and every operation
+    /// outstanding on the queue pair, or started later, report the same cause (for a failed
+    /// work completion, [`QpFailure::WorkCompletion`] with its status).
     #[error("queue pair failed: {0}")]
     QpFailed(QpFailure),
     /// Waiting for an RDMA CM event's descriptor failed.
@@ -522,7 +516,6 @@ impl From<Error> for io::Error {
             Error::QpFailed(QpFailure::Disconnected) => io::ErrorKind::ConnectionReset,
             Error::Unsupported(_) => io::ErrorKind::Unsupported,
             Error::MemlockExhausted { .. } => io::ErrorKind::OutOfMemory,
-            Error::WorkCompletion { status, .. } => status.io_kind(),
             Error::QpFailed(QpFailure::WorkCompletion { status, .. }) => status.io_kind(),
             Error::QpFailed(QpFailure::Closed) => io::ErrorKind::NotConnected,
             Error::QpFailed(_) => io::ErrorKind::ConnectionAborted,
@@ -668,10 +661,10 @@ mod tests {
 
     #[test]
     fn io_error_kinds() {
-        let e: io::Error = Error::WorkCompletion {
+        let e: io::Error = Error::QpFailed(QpFailure::WorkCompletion {
             status: WcStatus::RemAccessErr,
             vendor_err: 0,
-        }
+        })
         .into();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
         let e: io::Error = Error::DeviceNotFound {

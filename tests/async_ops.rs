@@ -150,10 +150,10 @@ async fn remote_access_error_fails_the_qp_and_everything_after() {
     assert!(
         matches!(
             err,
-            tokio_rdma::Error::WorkCompletion {
+            tokio_rdma::Error::QpFailed(tokio_rdma::QpFailure::WorkCompletion {
                 status: tokio_rdma::WcStatus::RemAccessErr,
                 ..
-            }
+            })
         ),
         "{err}"
     );

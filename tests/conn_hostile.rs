@@ -92,8 +92,7 @@ fn is_protocol(end: &End, want: ProtocolError) -> bool {
 
 fn wc_status(e: &Error) -> Option<WcStatus> {
     match e {
-        Error::WorkCompletion { status, .. }
-        | Error::QpFailed(QpFailure::WorkCompletion { status, .. }) => Some(*status),
+        Error::QpFailed(QpFailure::WorkCompletion { status, .. }) => Some(*status),
         _ => None,
     }
 }

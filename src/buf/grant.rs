@@ -296,7 +296,7 @@ impl<B: GrantBuf> Grant<B> {
     /// [`Error::Unsupported`] if the device lacks type-2 windows, does not enforce window
     /// bounds ([`MemoryWindow::bounds_enforced`]: soft-RoCE), or the buffer has no `MW_BIND`
     /// registration; [`Error::InvalidArgument`] for a bad range;
-    /// [`Error::AllocMw`], [`Error::BindMw`]; [`Error::WorkCompletion`] if the bind failed
+    /// [`Error::AllocMw`], [`Error::BindMw`]; [`Error::QpFailed`] with the work completion's status if the bind failed
     /// (which also moves `qp` to the error state); `wait`'s error.
     pub fn window(
         qp: &QueuePair,

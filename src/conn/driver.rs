@@ -34,10 +34,6 @@ type ControlOp = Pin<Box<dyn Future<Output = (MsgKind, Result<()>)> + std::marke
 pub(crate) fn failure_of(e: &Error) -> QpFailure {
     match e {
         Error::QpFailed(f) => f.clone(),
-        Error::WorkCompletion { status, vendor_err } => QpFailure::WorkCompletion {
-            status: *status,
-            vendor_err: *vendor_err,
-        },
         _ => QpFailure::Flushed,
     }
 }

@@ -366,14 +366,13 @@ impl<P> Core<P> {
                     vendor_err: cqe.vendor_err,
                 }
             };
-            let failure = self.fail_qp(qp, cause, out);
+            let failure = self.fail_qp(qp, cause.clone(), out);
+            // A flushed request reports the queue pair's cause; the request whose own
+            // completion failed reports its status (same shape either way).
             if cqe.status == WcStatus::WrFlushErr {
                 Err(Error::QpFailed(failure))
             } else {
-                Err(Error::WorkCompletion {
-                    status: cqe.status,
-                    vendor_err: cqe.vendor_err,
-                })
+                Err(Error::QpFailed(cause))
             }
         };
         self.finish(cqe.wr_id, outcome, out);

@@ -197,9 +197,9 @@ impl AsyncQp {
         FetchAdd::new(&self.cfg, buf, remote, add)
     }
 
-    /// Moves the queue pair to the error state and fails its operations with `cause` (test
-    /// hook for failure handling; a real failure does this by itself).
-    pub fn force_error(&self, cause: QpFailure) {
+    /// Moves the queue pair to the error state and fails its operations with `cause` (the
+    /// connection layer uses it when the peer disconnects).
+    pub(crate) fn force_error(&self, cause: QpFailure) {
         let mut out = Completed::default();
         self.shared().lock().fail(self.key, cause, &mut out);
         Shared::finish(&mut out);

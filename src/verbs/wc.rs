@@ -12,7 +12,7 @@ use crate::sys;
 /// ```no_run
 /// # use tokio_rdma::verbs::{WorkCompletion, WcOpcode};
 /// # fn handle(wc: &WorkCompletion) -> tokio_rdma::Result<()> {
-/// wc.result()?; // turns an error status into `Error::WorkCompletion`
+/// wc.result()?; // an error status becomes `Error::QpFailed(QpFailure::WorkCompletion { .. })`
 /// if wc.opcode() == WcOpcode::Recv {
 ///     println!("received {} bytes, imm {:?}", wc.byte_len(), wc.imm());
 /// }
@@ -91,19 +91,21 @@ impl WorkCompletion {
         self.0.status == sys::IBV_WC_SUCCESS
     }
 
-    /// `Ok(())` on success, else [`Error::WorkCompletion`] with the status.
+    /// `Ok(())` on success, else the failure it means for the queue pair:
+    /// [`Error::QpFailed`] with [`QpFailure::WorkCompletion`](crate::QpFailure::WorkCompletion)
+    /// and the status.
     ///
     /// # Errors
     ///
-    /// [`Error::WorkCompletion`] if the status is not `IBV_WC_SUCCESS`.
+    /// [`Error::QpFailed`] if the status is not `IBV_WC_SUCCESS`.
     pub fn result(&self) -> Result<(), Error> {
         if self.is_success() {
             Ok(())
         } else {
-            Err(Error::WorkCompletion {
+            Err(Error::QpFailed(crate::QpFailure::WorkCompletion {
                 status: self.status(),
                 vendor_err: self.0.vendor_err,
-            })
+            }))
         }
     }
 

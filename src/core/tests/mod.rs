@@ -148,10 +148,10 @@ pub(super) fn assert_ok(r: &Result<OpInfo, Error>, byte_len: u32, imm: Option<u3
 #[track_caller]
 pub(super) fn assert_wc_err(r: &Result<OpInfo, Error>, want_status: WcStatus, want_vendor: u32) {
     match r {
-        Err(Error::WorkCompletion { status, vendor_err }) => {
+        Err(Error::QpFailed(QpFailure::WorkCompletion { status, vendor_err })) => {
             assert_eq!((*status, *vendor_err), (want_status, want_vendor));
         }
-        other => panic!("expected Error::WorkCompletion({want_status:?}), got {other:?}"),
+        other => panic!("expected QpFailure::WorkCompletion({want_status:?}), got {other:?}"),
     }
 }
 

@@ -119,9 +119,10 @@ pub(super) enum Expect {
 pub(super) fn outcome_matches(res: &Result<OpInfo, Error>, exp: &Expect) -> bool {
     match (res, exp) {
         (Ok(got), Expect::Ok(want)) => got == want,
-        (Err(Error::WorkCompletion { status, vendor_err }), Expect::Wc(s, v)) => {
-            status == s && vendor_err == v
-        }
+        (
+            Err(Error::QpFailed(QpFailure::WorkCompletion { status, vendor_err })),
+            Expect::Wc(s, v),
+        ) => status == s && vendor_err == v,
         (Err(Error::QpFailed(got)), Expect::Failed(want)) => got == want,
         _ => false,
     }
