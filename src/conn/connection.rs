@@ -216,7 +216,8 @@ impl Connection {
     /// Grants the peer `access` to `range` of `buf` through this connection only: the
     /// registration lives in this connection's protection domain, so the token is useless on
     /// any other connection (whatever rkey is presented there). Send the token to the peer
-    /// ([`RemoteToken::to_bytes`]); dropping the grant revokes it.
+    /// ([`RemoteToken::to_bytes`](crate::buf::RemoteToken::to_bytes)); dropping the grant revokes
+    /// it.
     ///
     /// # Errors
     ///
