@@ -370,3 +370,55 @@ async fn a_user_holding_the_whole_user_pool_never_stalls_messages() {
     conn.close().await.expect("close");
     within(60, "server", server).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn one_sided_ops_that_cannot_succeed_fail_locally_and_the_connection_lives() {
+    use tokio_rdma::buf::{RemoteAccess, RemoteToken};
+    // The server offers one-sided access but not atomics.
+    let listener = Listener::bind(addr(7105)).await.expect("bind");
+    let server = tokio::spawn(async move {
+        let conn = listener.accept().await.expect("accept");
+        let buf = conn.pool().unwrap().acquire(4096).await.unwrap();
+        // A grant for atomics this side never offered is refused here, not at the peer.
+        let refused = conn.grant(vec![0u8; 64], 0..64, RemoteAccess::ATOMIC);
+        assert!(refused.is_err(), "atomic grant without the offer");
+        let grant = conn.grant(buf, 0..4096, RemoteAccess::READ).expect("grant");
+        conn.send(&grant.token().to_bytes()).await.unwrap();
+        while let Some(m) = conn.recv().await.expect("server recv") {
+            conn.send(&m).await.expect("echo");
+        }
+        drop(grant);
+    });
+    let conn = within(60, "connect", Connection::connect(addr(7105)))
+        .await
+        .expect("connect");
+    let token = RemoteToken::from_bytes(&conn.recv().await.unwrap().unwrap()).unwrap();
+    let pool = conn.pool().unwrap();
+    // Atomics were not offered by the peer: refused before posting.
+    let (res, _) = conn
+        .fetch_add(
+            pool.acquire(8).await.unwrap(),
+            token.slice(0..8).unwrap(),
+            1,
+        )
+        .await;
+    let err = res.expect_err("fetch_add without atomics");
+    println!("fetch_add without the peer's offer: {err}");
+    assert!(
+        matches!(err, tokio_rdma::Error::InvalidArgument(_)),
+        "{err}"
+    );
+    // Longer than the token: refused before posting.
+    let (res, _) = conn.read(pool.acquire(8192).await.unwrap(), token).await;
+    let err = res.expect_err("read past the token");
+    println!("read past the token: {err}");
+    // The connection is untouched: a read within bounds and messages still work.
+    let (res, _) = conn.read(pool.acquire(4096).await.unwrap(), token).await;
+    res.expect("read within bounds");
+    conn.send(b"still alive").await.expect("send");
+    assert_eq!(&conn.recv().await.unwrap().unwrap()[..], b"still alive");
+    assert!(conn.failure().is_none());
+    conn.close().await.expect("close");
+    within(60, "server", server).await.unwrap();
+}
