@@ -106,28 +106,9 @@ fn is_report(s: &Seen) -> bool {
 // ---- device resources (`rdma resource show`, as in tests/conn_setup.rs) ----------------------
 
 fn resource_counts() -> BTreeMap<String, u64> {
-    let dev = common::device_name();
-    let out = std::process::Command::new("rdma")
-        .args(["resource", "show"])
-        .output()
-        .expect("run `rdma resource show` (iproute2)");
-    assert!(out.status.success(), "rdma resource show: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{dev}:")))
-        .unwrap_or_else(|| panic!("no {dev} in `rdma resource show`:\n{text}"));
-    let tokens: Vec<&str> = line.split_whitespace().collect();
-    let mut counts = BTreeMap::new();
-    for w in tokens.windows(2) {
-        if ["qp", "cq", "mr", "pd", "cm_id"].contains(&w[0]) {
-            if let Ok(n) = w[1].parse::<u64>() {
-                counts.insert(w[0].to_string(), n);
-            }
-        }
-    }
-    assert_eq!(counts.len(), 5, "qp cq mr pd cm_id in {line:?}");
-    counts
+    let mut c = common::resource_counts();
+    c.retain(|k, _| ["qp", "cq", "mr", "pd", "cm_id"].contains(&k.as_str()));
+    c
 }
 
 /// The counts once they stayed the same for 2 s (earlier teardown finished).
@@ -163,18 +144,6 @@ async fn back_to(baseline: &BTreeMap<String, u64>, after: &str) {
         "  resources after {after}: back to the baseline {baseline:?} within {:?}",
         t0.elapsed()
     );
-}
-
-/// Resident memory of this process.
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kb * 1024
 }
 
 // ---- the bench: a listener, a well-behaved connection, a resource baseline -----------------
@@ -543,14 +512,14 @@ async fn a_peer_lying_about_lengths_is_stopped() {
     // (b) `More` chunks that add up past the negotiated maximum: the peer means to send 1 GiB
     // as one message; the server stops at MAX, holding at most MAX bytes for it.
     let (mut peer, conn) = bench.hostile(RawOpts::new(raw_params(4, 4096, MAX))).await;
-    let rss0 = rss_bytes();
+    let rss0 = common::rss_bytes();
     let peak = Arc::new(AtomicU64::new(rss0));
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
         let (peak, sampling) = (peak.clone(), sampling.clone());
         tokio::spawn(async move {
             while sampling.load(Ordering::Relaxed) {
-                peak.fetch_max(rss_bytes(), Ordering::Relaxed);
+                peak.fetch_max(common::rss_bytes(), Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })

@@ -535,34 +535,6 @@ async fn cancelled_accepts_lose_no_connection_and_a_dropped_listener_closes_its_
     }
 }
 
-/// `rdma resource show` counts of the device under test (qp, cq, mr, pd, cm_id, ...).
-fn resource_counts() -> BTreeMap<String, u64> {
-    let dev = common::device_name();
-    let out = std::process::Command::new("rdma")
-        .args(["resource", "show"])
-        .output()
-        .expect("run `rdma resource show` (iproute2)");
-    assert!(out.status.success(), "rdma resource show: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{dev}:")))
-        .unwrap_or_else(|| panic!("no {dev} in `rdma resource show`:\n{text}"));
-    let tokens: Vec<&str> = line.split_whitespace().collect();
-    let mut counts = BTreeMap::new();
-    for w in tokens.windows(2) {
-        if let Ok(n) = w[1].parse::<u64>() {
-            if w[0].chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-                counts.insert(w[0].to_string(), n);
-            }
-        }
-    }
-    for key in ["qp", "cq", "mr", "pd", "cm_id"] {
-        assert!(counts.contains_key(key), "no {key} count in {line:?}");
-    }
-    counts
-}
-
 /// Prints `rdma resource show qp|pd|cq|cm_id` (which process holds what, QP states).
 fn print_resource_details() {
     for kind in ["qp", "cq", "pd", "cm_id"] {
@@ -584,13 +556,13 @@ fn watched(c: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
 
 /// Waits until the counts are the same for 2 s in a row (earlier teardown finished).
 async fn settled_counts() -> BTreeMap<String, u64> {
-    let mut last = watched(&resource_counts());
+    let mut last = watched(&common::resource_counts());
     let mut same_since = Instant::now();
     let start = Instant::now();
     while same_since.elapsed() < Duration::from_secs(2) && start.elapsed() < Duration::from_secs(60)
     {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = watched(&resource_counts());
+        let now = watched(&common::resource_counts());
         if now != last {
             last = now;
             same_since = Instant::now();
@@ -610,7 +582,7 @@ async fn abandoned_connects_and_closed_connections_leave_no_resources() {
             .expect("bind"),
     );
     let server = serve(listener.clone());
-    println!("before anything: {:?}", resource_counts());
+    println!("before anything: {:?}", common::resource_counts());
     print_resource_details();
     // Warm-up: the first connection creates the device's driver (one CQ for the process, kept
     // by the registry); the baseline is taken after it.
@@ -741,10 +713,10 @@ async fn abandoned_connects_and_closed_connections_leave_no_resources() {
 
     // Everything returns: poll up to 60 s.
     let t0 = Instant::now();
-    let mut now = watched(&resource_counts());
+    let mut now = watched(&common::resource_counts());
     while now != baseline && t0.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        now = watched(&resource_counts());
+        now = watched(&common::resource_counts());
     }
     println!(
         "after: {now:?} (baseline {baseline:?}) after waiting {:?}; listener pending {} rejected {}",

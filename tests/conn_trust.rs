@@ -249,18 +249,6 @@ async fn receives_dropped_at_any_point_lose_and_duplicate_nothing() {
     within(60, "server", server).await.unwrap();
 }
 
-/// Resident memory of this process, from /proc.
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kb * 1024
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
 async fn a_reader_that_stops_reading_holds_the_sender_back_with_bounded_memory() {
@@ -292,7 +280,7 @@ async fn a_reader_that_stops_reading_holds_the_sender_back_with_bounded_memory()
         })
     };
     let conn = listener.accept().await.expect("accept");
-    let rss_start = rss_bytes();
+    let rss_start = common::rss_bytes();
     // Do not read for 8 s; sample memory and progress.
     let mut held_max = 0;
     for _ in 0..16 {
@@ -300,7 +288,7 @@ async fn a_reader_that_stops_reading_holds_the_sender_back_with_bounded_memory()
         held_max = held_max.max(conn.stats().recv_bytes_held);
     }
     let stalled_sent = sent.load(Ordering::Relaxed);
-    let rss_stalled = rss_bytes();
+    let rss_stalled = common::rss_bytes();
     println!(
         "reader stalled 8 s: sender completed {stalled_sent} MiB messages; receiver holds at most {held_max} bytes (budget {budget}); RSS {} -> {} MiB",
         rss_start >> 20,
