@@ -491,6 +491,29 @@ async fn die_silently(mut peer: RawPeer) -> (RawPeer, Instant) {
     .await
 }
 
+/// Starts a pending `recv()` and `send()` on `conn`, makes `peer` die silently, and checks
+/// both fail with a dead-peer error within `limit`, printing what each got and when.
+async fn expect_detected(side: &str, conn: Connection, peer: RawPeer, limit: Duration) {
+    let (recv, send) = pending_ops(conn);
+    let (peer, killed) = die_silently(peer).await;
+    let (r, r_at) = within(60, "recv", recv).await.unwrap();
+    let (s, s_at) = within(60, "send", send).await.unwrap();
+    println!(
+        "{side}: recv() -> {r:?} after {:?}; send(256 KiB) -> {s:?} after {:?}",
+        r_at - killed,
+        s_at - killed
+    );
+    for (what, res, at) in [("recv", &r, r_at), ("send", &s, s_at)] {
+        assert!(dead_peer_error(res), "{side}, {what}: {res:?}");
+        assert!(
+            at - killed < limit,
+            "{side}, {what}: after {:?}",
+            at - killed
+        );
+    }
+    blocking(move || drop(peer)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
 async fn a_silently_dead_peer_is_detected_within_the_keepalive_bound() {
@@ -517,24 +540,7 @@ async fn a_silently_dead_peer_is_detected_within_the_keepalive_bound() {
     let (peer, conn) = bench
         .hostile(RawOpts::new(raw_params(4, 4096, 1 << 20)))
         .await;
-    let (recv, send) = pending_ops(conn);
-    let (peer, killed) = die_silently(peer).await;
-    let (r, r_at) = within(60, "recv", recv).await.unwrap();
-    let (s, s_at) = within(60, "send", send).await.unwrap();
-    println!(
-        "server side, raw client dead: recv() -> {r:?} after {:?}; send(256 KiB) -> {s:?} after {:?}",
-        r_at - killed,
-        s_at - killed
-    );
-    for (what, res, at) in [("recv", &r, r_at), ("send", &s, s_at)] {
-        assert!(dead_peer_error(res), "{what}: {res:?}");
-        assert!(
-            at - killed < bound * slack,
-            "{what}: after {:?}",
-            at - killed
-        );
-    }
-    blocking(move || drop(peer)).await;
+    expect_detected("server side, raw client dead", conn, peer, bound * slack).await;
     bench.good_still_works("a dead raw client").await;
 
     // (b) A tokio-rdma client, a raw server.
@@ -544,24 +550,8 @@ async fn a_silently_dead_peer_is_detected_within_the_keepalive_bound() {
         blocking(move || raw_listener.accept(RawOpts::new(raw_params(4, 4096, 1 << 20)))),
         within(60, "connect", Connection::connect_with(a, o.clone())),
     );
-    let (recv, send) = pending_ops(client.expect("connect to the raw server"));
-    let (peer, killed) = die_silently(peer).await;
-    let (r, r_at) = within(60, "recv", recv).await.unwrap();
-    let (s, s_at) = within(60, "send", send).await.unwrap();
-    println!(
-        "client side, raw server dead: recv() -> {r:?} after {:?}; send(256 KiB) -> {s:?} after {:?}",
-        r_at - killed,
-        s_at - killed
-    );
-    for (what, res, at) in [("recv", &r, r_at), ("send", &s, s_at)] {
-        assert!(dead_peer_error(res), "{what}: {res:?}");
-        assert!(
-            at - killed < bound * slack,
-            "{what}: after {:?}",
-            at - killed
-        );
-    }
-    blocking(move || drop(peer)).await;
+    let client = client.expect("connect to the raw server");
+    expect_detected("client side, raw server dead", client, peer, bound * slack).await;
     bench.survived("two dead peers").await;
 }
 
