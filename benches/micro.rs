@@ -24,7 +24,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use tokio_rdma::buf::{IoBuf, Pool, PoolConfig, Registrar, Registration, RemoteToken, SizeClass};
 use tokio_rdma::core::{Completed, Core, Cqe, QpConfig, SgList, WorkRequest};
-use tokio_rdma::verbs::{AccessFlags, Endpoint, Gid, HugePages, Mtu, SendOp, SendWr, Sge};
+use tokio_rdma::verbs::{AccessFlags, QpAddress, Gid, HugePages, Mtu, SendOp, SendWr, Sge};
 
 /// A registrar that hands out made-up keys without touching a device.
 #[derive(Debug, Default)]
@@ -288,7 +288,7 @@ fn bench_token(c: &mut Criterion) {
                 .expect("in range")
         })
     });
-    let ep = Endpoint {
+    let ep = QpAddress {
         qpn: 0x11,
         psn: 0x22,
         gid: Gid([3; 16]),
@@ -296,7 +296,7 @@ fn bench_token(c: &mut Criterion) {
         mtu: Mtu::Mtu1024,
     };
     g.bench_function("endpoint_round_trip", |b| {
-        b.iter(|| Endpoint::from_bytes(&black_box(ep).to_bytes()).expect("valid"))
+        b.iter(|| QpAddress::from_bytes(&black_box(ep).to_bytes()).expect("valid"))
     });
     let v = vec![0u8; 64];
     g.bench_function("iobuf_slice", |b| {

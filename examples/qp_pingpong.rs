@@ -89,8 +89,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = driver.create_qp(&pd, opts)?;
     let b = driver.create_qp(&pd, opts)?;
     let (ea, eb) = (
-        a.verbs().local_endpoint(port, Some(gid.index))?,
-        b.verbs().local_endpoint(port, Some(gid.index))?,
+        a.verbs().local_address(port, Some(gid.index))?,
+        b.verbs().local_address(port, Some(gid.index))?,
     );
     let rtr = RtrOptions::new(port, gid.index as u8);
     a.verbs()

@@ -9,7 +9,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_rdma::buf::{IoBuf, IoBufMut, RemoteToken};
 use tokio_rdma::driver::{AsyncQp, CompletionMode, Driver, DriverOptions, QpOptions};
 use tokio_rdma::verbs::{
-    AccessFlags, CompletionQueue, Context, Endpoint, PortState, ProtectionDomain, QpCaps,
+    AccessFlags, CompletionQueue, Context, QpAddress, PortState, ProtectionDomain, QpCaps,
     QpInitAttr, QueuePair, RegisteredBuffer, RtrOptions, RtsOptions,
 };
 
@@ -238,7 +238,7 @@ pub async fn establish(
                 qp
             }
         };
-        let ep = vqp.local_endpoint(port, Some(gid.index))?;
+        let ep = vqp.local_address(port, Some(gid.index))?;
         // Write/read tests expose the largest size; others still exchange a small token.
         let len = if is_send { 64 } else { cfg.max_size() };
         let buf = RegisteredBuffer::new(&pd, len, access)?;
@@ -294,13 +294,13 @@ pub async fn establish(
     })
 }
 
-async fn read_peers(ctrl: &mut Ctrl, n: usize) -> Res<Vec<(Endpoint, RemoteToken)>> {
+async fn read_peers(ctrl: &mut Ctrl, n: usize) -> Res<Vec<(QpAddress, RemoteToken)>> {
     let mut peer = Vec::new();
     for _ in 0..n {
         let rest = ctrl.expect("qp").await?;
         let (ep, tok) = rest.split_once(' ').ok_or("bad qp line")?;
         peer.push((
-            Endpoint::from_bytes(&unhex(ep)?)?,
+            QpAddress::from_bytes(&unhex(ep)?)?,
             RemoteToken::from_bytes(&unhex(tok)?)?,
         ));
     }

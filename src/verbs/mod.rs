@@ -18,7 +18,7 @@
 //! let pd = ProtectionDomain::new(&ctx)?;
 //! let cq = CompletionQueue::new(&ctx, 256, None)?;
 //! let qp = QueuePair::new_rc(&pd, &QpInitAttr::new(&cq, &cq))?;
-//! let me = qp.local_endpoint(port, None)?;
+//! let me = qp.local_address(port, None)?;
 //! println!("qpn {} on {} port {port}", me.qpn, ctx.name());
 //! # Ok(()) }
 //! ```
@@ -58,7 +58,7 @@ pub use mw::MemoryWindow;
 pub(crate) use pages::explain_reg_error;
 pub use pages::{BASE_PAGE_SIZE, HUGE_PAGE_SIZE, HugePages, PageMapping, memlock_limit};
 pub use pd::ProtectionDomain;
-pub use qp::{Endpoint, QpCaps, QpInitAttr, QpState, QueuePair, RtrOptions, RtsOptions};
+pub use qp::{QpAddress, QpCaps, QpInitAttr, QpState, QueuePair, RtrOptions, RtsOptions};
 pub use types::{AccessFlags, Gid, GidType, Mtu, PortState};
 pub use wc::{WcBatch, WcOpcode, WorkCompletion};
 pub use wr::{RecvWr, SendOp, SendWr, Sge};

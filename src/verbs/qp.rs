@@ -127,10 +127,10 @@ impl QpInitAttr {
     }
 }
 
-/// What a peer needs to know to connect its queue pair to ours: the plain endpoint description
+/// What a peer needs to know to connect its queue pair to ours: the plain queue-pair address
 /// exchanged out of band (or carried by RDMA CM).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Endpoint {
+pub struct QpAddress {
     /// Queue pair number.
     pub qpn: u32,
     /// Initial packet sequence number (24 bits) of the sender.
@@ -143,7 +143,7 @@ pub struct Endpoint {
     pub mtu: Mtu,
 }
 
-impl Endpoint {
+impl QpAddress {
     /// Size of the wire encoding.
     pub const WIRE_LEN: usize = 1 + 4 + 4 + 16 + 2 + 1;
     const WIRE_VERSION: u8 = 1;
@@ -166,7 +166,7 @@ impl Endpoint {
     ///
     /// [`Error::InvalidArgument`] for a wrong length, unknown version, QPN or PSN beyond 24
     /// bits, or an invalid MTU.
-    pub fn from_bytes(b: &[u8]) -> Result<Endpoint> {
+    pub fn from_bytes(b: &[u8]) -> Result<QpAddress> {
         let bad = |what: String| Err(Error::InvalidArgument(format!("endpoint: {what}")));
         if b.len() != Self::WIRE_LEN {
             return bad(format!(
@@ -187,7 +187,7 @@ impl Endpoint {
         let Some(mtu) = Mtu::from_raw(u32::from(b[27])) else {
             return bad(format!("invalid mtu code {}", b[27]));
         };
-        Ok(Endpoint {
+        Ok(QpAddress {
             qpn,
             psn,
             gid: Gid(b[9..25].try_into().expect("16 bytes")),
@@ -259,13 +259,13 @@ impl Default for RtsOptions {
 ///
 /// ```no_run
 /// # use tokio_rdma::verbs::*;
-/// # fn peer() -> Endpoint { unimplemented!() }
+/// # fn peer() -> QpAddress { unimplemented!() }
 /// let (ctx, port) = Context::open_first_active()?;
 /// let gid = ctx.preferred_gid(port)?;
 /// let pd = ProtectionDomain::new(&ctx)?;
 /// let cq = CompletionQueue::new(&ctx, 256, None)?;
 /// let qp = QueuePair::new_rc(&pd, &QpInitAttr::new(&cq, &cq))?;
-/// let me = qp.local_endpoint(port, Some(gid.index))?; // send `me.to_bytes()` to the peer
+/// let me = qp.local_address(port, Some(gid.index))?; // send `me.to_bytes()` to the peer
 /// let remote = peer();
 /// qp.connect(&me, &remote, &RtrOptions::new(port, gid.index as u8), &RtsOptions::default(),
 ///            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE)?;
@@ -368,7 +368,7 @@ impl QueuePair {
     /// # Errors
     ///
     /// Port or GID query errors.
-    pub fn local_endpoint(&self, port: u8, gid_index: Option<u32>) -> Result<Endpoint> {
+    pub fn local_address(&self, port: u8, gid_index: Option<u32>) -> Result<QpAddress> {
         let ctx = self.inner.pd.context();
         let attr = ctx.query_port(port)?;
         let gid = match gid_index {
@@ -381,7 +381,7 @@ impl QueuePair {
             }
             None => ctx.preferred_gid(port)?.gid,
         };
-        Ok(Endpoint {
+        Ok(QpAddress {
             qpn: self.qpn(),
             psn: random_psn(),
             gid,
@@ -418,7 +418,7 @@ impl QueuePair {
     /// # Errors
     ///
     /// [`Error::ModifyQp`] with the returned error code.
-    pub fn to_rtr(&self, remote: &Endpoint, opts: &RtrOptions) -> Result<()> {
+    pub fn to_rtr(&self, remote: &QpAddress, opts: &RtrOptions) -> Result<()> {
         let mtu = remote.mtu.min(opts.max_mtu);
         let mut a = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_RTR,
@@ -452,7 +452,7 @@ impl QueuePair {
         )
     }
 
-    /// RTR -> RTS, sending from `sq_psn` (the PSN this end advertised in its [`Endpoint`]).
+    /// RTR -> RTS, sending from `sq_psn` (the PSN this end advertised in its [`QpAddress`]).
     ///
     /// # Errors
     ///
@@ -487,8 +487,8 @@ impl QueuePair {
     /// [`Error::ModifyQp`] naming the transition that failed.
     pub fn connect(
         &self,
-        local: &Endpoint,
-        remote: &Endpoint,
+        local: &QpAddress,
+        remote: &QpAddress,
         rtr: &RtrOptions,
         rts: &RtsOptions,
         access: AccessFlags,
@@ -672,7 +672,7 @@ mod tests {
 
     #[test]
     fn endpoint_round_trip_and_validation() {
-        let ep = Endpoint {
+        let ep = QpAddress {
             qpn: 0x12,
             psn: 0xabcdef,
             gid: Gid([7; 16]),
@@ -680,12 +680,12 @@ mod tests {
             mtu: Mtu::Mtu1024,
         };
         let b = ep.to_bytes();
-        assert_eq!(Endpoint::from_bytes(&b).unwrap(), ep);
-        assert!(Endpoint::from_bytes(&b[..10]).is_err(), "truncated");
+        assert_eq!(QpAddress::from_bytes(&b).unwrap(), ep);
+        assert!(QpAddress::from_bytes(&b[..10]).is_err(), "truncated");
         let mut v = b;
         v[0] = 9;
         assert!(
-            Endpoint::from_bytes(&v)
+            QpAddress::from_bytes(&v)
                 .unwrap_err()
                 .to_string()
                 .contains("version")
@@ -693,14 +693,14 @@ mod tests {
         let mut v = b;
         v[27] = 0;
         assert!(
-            Endpoint::from_bytes(&v)
+            QpAddress::from_bytes(&v)
                 .unwrap_err()
                 .to_string()
                 .contains("mtu")
         );
         let mut v = b;
         v[1] = 0xff;
-        assert!(Endpoint::from_bytes(&v).is_err(), "qpn > 24 bits");
+        assert!(QpAddress::from_bytes(&v).is_err(), "qpn > 24 bits");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tokio_rdma::verbs::{
-    AccessFlags, CompletionQueue, Context, Endpoint, QpInitAttr, QueuePair, RtrOptions, RtsOptions,
+    AccessFlags, CompletionQueue, Context, QpAddress, QpInitAttr, QueuePair, RtrOptions, RtsOptions,
     WcBatch, WorkCompletion,
 };
 
@@ -40,7 +40,7 @@ pub fn open_device() -> (Context, u8) {
 pub struct Side {
     pub qp: QueuePair,
     pub cq: CompletionQueue,
-    pub ep: Endpoint,
+    pub ep: QpAddress,
 }
 
 /// Two RC queue pairs on the same device, connected to each other, each with its own CQ.
@@ -60,7 +60,7 @@ pub fn connected_pair(access: AccessFlags) -> Pair {
         let mut attr = QpInitAttr::new(&cq, &cq);
         attr.caps.max_inline_data = 64;
         let qp = QueuePair::new_rc(&pd, &attr).expect("create qp");
-        let ep = qp.local_endpoint(port, Some(gid.index)).expect("endpoint");
+        let ep = qp.local_address(port, Some(gid.index)).expect("endpoint");
         Side { qp, cq, ep }
     };
     let (a, b) = (side(), side());
@@ -117,8 +117,8 @@ pub fn connect_qps(ctx: &Context, a: &QueuePair, b: &QueuePair, access: AccessFl
         })
         .expect("active port");
     let gid = ctx.preferred_gid(port).expect("GID");
-    let ea = a.local_endpoint(port, Some(gid.index)).expect("endpoint");
-    let eb = b.local_endpoint(port, Some(gid.index)).expect("endpoint");
+    let ea = a.local_address(port, Some(gid.index)).expect("endpoint");
+    let eb = b.local_address(port, Some(gid.index)).expect("endpoint");
     let rtr = RtrOptions::new(port, gid.index as u8);
     let rts = RtsOptions {
         timeout: 14,
