@@ -58,7 +58,7 @@ pub fn mode_name(m: CompletionMode) -> String {
     match m {
         CompletionMode::BusyPoll => "busy".into(),
         CompletionMode::Event => "event".into(),
-        CompletionMode::Adaptive { spin } => format!("adaptive:{}", spin.as_micros()),
+        CompletionMode::Adaptive { max_spin } => format!("adaptive:{}", max_spin.as_micros()),
         _ => format!("{m:?}"),
     }
 }
@@ -72,7 +72,7 @@ pub fn parse_mode(s: &str) -> Result<CompletionMode, String> {
             Some(us) => us
                 .parse::<u64>()
                 .map(|us| CompletionMode::Adaptive {
-                    spin: Duration::from_micros(us),
+                    max_spin: Duration::from_micros(us),
                 })
                 .map_err(|_| format!("bad spin in {s}: adaptive:MICROSECONDS")),
             None => Err(format!("unknown mode {s}: busy, adaptive[:US], event")),

@@ -200,20 +200,39 @@ impl<P> Core<P> {
         if let Some(f) = &self.slot(qp).failure {
             return Err((Error::QpFailed(f.clone()), payload));
         }
+        Ok(self.insert(qp, wr, Some(payload)))
+    }
+
+    /// Queues a request whose buffers stay with its future (the driver's way: nothing moves
+    /// into the table unless the future is dropped while the device owns the buffers, see
+    /// [`cancel_with`](Self::cancel_with)). Collect the outcome with
+    /// [`poll_result`](Self::poll_result).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::QpFailed`] with the cause if the queue pair has failed (nothing was queued).
+    pub fn submit_unparked(&mut self, qp: QpKey, wr: WorkRequest) -> Result<Submitted, Error> {
+        if let Some(f) = &self.slot(qp).failure {
+            return Err(Error::QpFailed(f.clone()));
+        }
+        Ok(self.insert(qp, wr, None))
+    }
+
+    fn insert(&mut self, qp: QpKey, wr: WorkRequest, payload: Option<P>) -> Submitted {
         let queue = wr.queue;
         let wr_id = self.table.insert(Entry {
             qp,
             queue,
             lifecycle: Lifecycle::Queued(wr),
             waker: None,
-            payload: Some(payload),
+            payload,
         });
         let slot = self.slot(qp);
         match queue {
             Queue::Send => slot.sq_pending.push_back(wr_id),
             Queue::Recv => slot.rq_pending.push_back(wr_id),
         }
-        Ok(Submitted { wr_id })
+        Submitted { wr_id }
     }
 
     /// Whether `qp` has queued requests that fit in its queues now.
@@ -265,12 +284,38 @@ impl<P> Core<P> {
     ///
     /// # Panics
     ///
-    /// If `wr_id` is not in the table (the future already collected it: a bug in the caller).
+    /// If `wr_id` is not in the table (the future already collected it: a bug in the caller),
+    /// or if it was submitted without a payload.
     pub fn poll_op(
         &mut self,
         wr_id: u64,
         cx: &mut Context<'_>,
     ) -> Poll<(Result<OpInfo, Error>, P)> {
+        self.poll_entry(wr_id, Some(cx)).map(|(outcome, payload)| {
+            (outcome, payload.expect("payload parked until collected"))
+        })
+    }
+
+    /// Polls an operation submitted with [`submit_unparked`](Self::submit_unparked): its
+    /// outcome once complete (the entry is then gone), else registers the waker (if `cx` is
+    /// given: a future that keeps polling by itself passes `None`).
+    ///
+    /// # Panics
+    ///
+    /// If `wr_id` is not in the table.
+    pub fn poll_result(
+        &mut self,
+        wr_id: u64,
+        cx: Option<&mut Context<'_>>,
+    ) -> Poll<Result<OpInfo, Error>> {
+        self.poll_entry(wr_id, cx).map(|(outcome, _)| outcome)
+    }
+
+    fn poll_entry(
+        &mut self,
+        wr_id: u64,
+        cx: Option<&mut Context<'_>>,
+    ) -> Poll<(Result<OpInfo, Error>, Option<P>)> {
         let entry = self
             .table
             .get_mut(wr_id)
@@ -280,16 +325,22 @@ impl<P> Core<P> {
             let Lifecycle::Completed(outcome) = entry.lifecycle else {
                 unreachable!()
             };
-            return Poll::Ready((
-                outcome,
-                entry.payload.expect("payload parked until collected"),
-            ));
+            return Poll::Ready((outcome, entry.payload));
         }
-        match &entry.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => entry.waker = Some(cx.waker().clone()),
+        if let Some(cx) = cx {
+            match &entry.waker {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => entry.waker = Some(cx.waker().clone()),
+            }
         }
         Poll::Pending
+    }
+
+    /// Whether operation `wr_id` has its outcome (cheap check, no waker registered).
+    pub fn is_complete(&self, wr_id: u64) -> bool {
+        self.table
+            .get(wr_id)
+            .is_some_and(|e| matches!(e.lifecycle, Lifecycle::Completed(_)))
     }
 
     /// The future of `wr_id` was dropped. A queued request is withdrawn and its payload
@@ -319,6 +370,21 @@ impl<P> Core<P> {
             Lifecycle::Completed(_) => self.table.remove(wr_id).and_then(|e| e.payload),
             Lifecycle::Cancelled => None,
         }
+    }
+
+    /// The future of an operation submitted with [`submit_unparked`](Self::submit_unparked)
+    /// was dropped, still holding its buffers. Queued (never posted) or already completed: the
+    /// entry goes and `park` is not called (the future drops its buffers). Posted: the device
+    /// may still use the buffers, so `park()` moves them into the table until the completion
+    /// arrives (then they appear in [`Completed::released`]).
+    pub fn cancel_with(&mut self, wr_id: u64, park: impl FnOnce() -> P) {
+        let Some(entry) = self.table.get_mut(wr_id) else {
+            return;
+        };
+        if matches!(entry.lifecycle, Lifecycle::Submitted) {
+            entry.payload = Some(park());
+        }
+        drop(self.cancel(wr_id));
     }
 
     /// Applies one work completion.

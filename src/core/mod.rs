@@ -53,4 +53,4 @@ mod wr;
 pub use conn::Credits;
 pub use engine::{Completed, Core, QpConfig, QpKey, Submitted};
 pub use msg::{MsgHeader, MsgKind};
-pub use wr::{Cqe, OpInfo, PostItem, Queue, SgList, WorkRequest};
+pub use wr::{Cqe, INLINE_SGES, OpInfo, PostItem, Queue, SgList, WorkRequest};

@@ -82,7 +82,9 @@ impl<P> OpTable<P> {
                 else {
                     unreachable!("free list points at an occupied slot");
                 };
-                let generation = generation.wrapping_add(1);
+                // Generations use 31 bits: ids with the top bit set belong to queue pairs whose requests
+                // the driver routes to a sink (see `SINK_BIT` in the driver), never to this table.
+                let generation = generation.wrapping_add(1) & 0x7fff_ffff;
                 self.free_head = next_free;
                 *slot = Slot::Occupied { generation, entry };
                 (u64::from(generation) << 32) | u64::from(idx)
@@ -102,6 +104,17 @@ impl<P> OpTable<P> {
     pub(crate) fn get_mut(&mut self, wr_id: u64) -> Option<&mut Entry<P>> {
         let (generation, idx) = split(wr_id);
         match self.slots.get_mut(idx as usize) {
+            Some(Slot::Occupied {
+                generation: g,
+                entry,
+            }) if *g == generation => Some(entry),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn get(&self, wr_id: u64) -> Option<&Entry<P>> {
+        let (generation, idx) = split(wr_id);
+        match self.slots.get(idx as usize) {
             Some(Slot::Occupied {
                 generation: g,
                 entry,

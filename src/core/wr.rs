@@ -12,33 +12,72 @@ pub enum Queue {
     Recv,
 }
 
-/// A scatter/gather list that stores one entry without allocating.
+/// Scatter/gather entries an [`SgList`] holds without allocating; a longer list spills to
+/// the heap (one allocation per operation that uses it).
+pub const INLINE_SGES: usize = 4;
+
+/// A scatter/gather list: up to [`INLINE_SGES`] entries inline, more on the heap.
 #[derive(Debug, Clone)]
-pub enum SgList {
-    /// No entries (zero-length transfers).
-    Empty,
-    /// One entry.
-    One(Sge),
-    /// Several entries.
-    Many(Vec<Sge>),
+pub struct SgList {
+    len: usize,
+    inline: [Sge; INLINE_SGES],
+    spill: Vec<Sge>,
+}
+
+impl Default for SgList {
+    fn default() -> Self {
+        SgList::new()
+    }
 }
 
 impl SgList {
+    /// An empty list (zero-length transfers).
+    pub const fn new() -> SgList {
+        SgList {
+            len: 0,
+            inline: [Sge::ZERO; INLINE_SGES],
+            spill: Vec::new(),
+        }
+    }
+
     /// Builds a list from entries.
     pub fn from_slice(sges: &[Sge]) -> SgList {
-        match sges {
-            [] => SgList::Empty,
-            [one] => SgList::One(*one),
-            many => SgList::Many(many.to_vec()),
+        let mut l = SgList::new();
+        for s in sges {
+            l.push(*s);
         }
+        l
+    }
+
+    /// Appends an entry (spilling to the heap past [`INLINE_SGES`]).
+    pub fn push(&mut self, sge: Sge) {
+        if self.len < INLINE_SGES {
+            self.inline[self.len] = sge;
+        } else {
+            if self.len == INLINE_SGES {
+                self.spill.extend_from_slice(&self.inline);
+            }
+            self.spill.push(sge);
+        }
+        self.len += 1;
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the list has no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// The entries.
     pub fn as_slice(&self) -> &[Sge] {
-        match self {
-            SgList::Empty => &[],
-            SgList::One(s) => std::slice::from_ref(s),
-            SgList::Many(v) => v,
+        if self.len <= INLINE_SGES {
+            &self.inline[..self.len]
+        } else {
+            &self.spill
         }
     }
 

@@ -1,24 +1,27 @@
-//! The completion task: turns work completions into woken futures.
+//! The completion task: completions nobody is polling for.
 //!
-//! One task per completion queue. In event mode it waits on the completion channel's
-//! descriptor through `AsyncFd`; after every event it reads (and, in batches, acknowledges) the
-//! CQ events, polls the CQ in batches until it is empty, re-arms, and polls once more (a
-//! completion that arrives between the last poll and the arm raises no event). Wakers are woken
-//! after the core's lock is released.
+//! One task per completion queue, event-driven in every mode. Futures poll the CQ themselves
+//! while they wait (see `wait.rs`); the task handles what they do not: completions of
+//! dropped operations, of sleeping futures, and of connection receives that arrive while no
+//! one is receiving. When no future is spinning it arms the CQ, polls once more (a completion
+//! that arrives between the last poll and the arm raises no event), and waits on the
+//! completion channel's descriptor through `AsyncFd`; events are acknowledged in batches.
+//! While some future spins, the CQ stays unarmed and the task waits until the last one stops.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, error, trace, warn};
 
-use super::CompletionMode;
-use super::shared::{Payload, QpEntry, Shared};
-use crate::core::{Completed, Cqe};
-use crate::verbs::{CompletionChannel, WcBatch};
+use super::shared::Shared;
+use crate::verbs::CompletionChannel;
+
+/// While futures spin, how often the task checks that they still poll (see `run`).
+const STALE_SPIN_CHECK: Duration = Duration::from_millis(2);
 
 /// Acknowledge CQ events once this many are pending (one `ibv_ack_cq_events` for all).
 const ACK_BATCH: u32 = 32;
@@ -32,7 +35,7 @@ impl AsRawFd for ChannelFd {
     }
 }
 
-pub(crate) async fn run(shared: Arc<Shared>, mode: CompletionMode, batch_size: usize) {
+pub(crate) async fn run(shared: Arc<Shared>) {
     let channel = shared
         .cq
         .channel()
@@ -49,42 +52,31 @@ pub(crate) async fn run(shared: Arc<Shared>, mode: CompletionMode, batch_size: u
             return;
         }
     };
-    let mut poller = Poller {
-        shared: &shared,
-        batch: WcBatch::with_capacity(batch_size),
-        out: Completed::default(),
-        reaped: Vec::new(),
-    };
-    let mut last_activity = Instant::now();
+    let mut reaped = Vec::new();
+    // The poll count after our own last drain, if futures were spinning then.
+    let mut spun_at: Option<u64> = None;
     loop {
-        let n = poller.drain();
-        if n > 0 {
-            last_activity = Instant::now();
-        }
-        if poller.finished() {
+        let others_polled = spun_at != Some(shared.counters.polls.load(Ordering::Relaxed));
+        shared.drain(&mut reaped);
+        if finished(&shared, &mut reaped) {
             break;
         }
-        let spin = match mode {
-            CompletionMode::BusyPoll => true,
-            CompletionMode::Adaptive { spin } => last_activity.elapsed() < spin,
-            CompletionMode::Event => false,
-        };
-        if spin {
-            // Let the woken operations run, then poll again. A self-wake keeps the task in the
-            // run queue without making the runtime poll its I/O driver (an `epoll_wait`) on
-            // every round, as `tokio::task::yield_now` would.
-            SelfYield(false).await;
-            continue;
-        }
-        if let Err(e) = shared.cq.req_notify(false) {
-            error!(error = %e, "arming the completion queue failed; falling back to polling");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            continue;
-        }
-        // Completions that arrived before the arm raise no event: poll once more.
-        if poller.drain() > 0 {
-            last_activity = Instant::now();
-            continue;
+        let spinners = shared.spinners.load(Ordering::Acquire) > 0;
+        // A spinning future that stopped being polled (its task awaits something else) must
+        // not leave the CQ unarmed for good: if nobody polled since the last check, arm.
+        let stale = spinners && spun_at.is_some() && !others_polled;
+        spun_at = spinners.then(|| shared.counters.polls.load(Ordering::Relaxed));
+        if !spinners || stale {
+            if let Err(e) = shared.cq.req_notify(false) {
+                error!(error = %e, "arming the completion queue failed; falling back to polling");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+            shared.counters.arms.fetch_add(1, Ordering::Relaxed);
+            // Completions that arrived before the arm raise no event: poll once more.
+            if shared.drain(&mut reaped) > 0 {
+                continue;
+            }
         }
         tokio::select! {
             ready = afd.readable() => match ready {
@@ -105,11 +97,10 @@ pub(crate) async fn run(shared: Arc<Shared>, mode: CompletionMode, batch_size: u
                         }
                     }
                     shared.counters.cq_events.fetch_add(events, Ordering::Relaxed);
-                    if poller.drain() == 0 && events > 0 {
-                        // An event with no completions: normal (the arm/poll race), not an error.
+                    if shared.drain(&mut reaped) == 0 && events > 0 {
+                        // An event with no completions: normal (the arm/poll race, or a
+                        // spinning future got there first), not an error.
                         shared.counters.empty_events.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        last_activity = Instant::now();
                     }
                     if shared.cq.unacked_events() >= ACK_BATCH {
                         shared.cq.ack_events();
@@ -121,133 +112,22 @@ pub(crate) async fn run(shared: Arc<Shared>, mode: CompletionMode, batch_size: u
                 }
             },
             () = shared.notify.notified() => trace!("completion task notified"),
+            () = tokio::time::sleep(STALE_SPIN_CHECK), if spinners && !stale => {}
         }
     }
     shared.cq.ack_events();
     debug!("completion task stopped");
 }
 
-/// Yields to the scheduler once by waking itself.
-struct SelfYield(bool);
-
-impl std::future::Future for SelfYield {
-    type Output = ();
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.0 {
-            return std::task::Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
+/// Shut down and nothing left in flight.
+fn finished(shared: &Shared, reaped: &mut Vec<super::shared::QpEntry>) -> bool {
+    if !shared.shutdown.load(Ordering::Acquire) {
+        return false;
     }
-}
-
-struct Poller<'a> {
-    shared: &'a Shared,
-    batch: WcBatch,
-    out: Completed<Payload>,
-    reaped: Vec<QpEntry>,
-}
-
-impl Poller<'_> {
-    /// Polls until the CQ is empty, applying every completion. Returns how many there were.
-    fn drain(&mut self) -> usize {
-        let shared = self.shared;
-        let mut total = 0;
-        loop {
-            shared.counters.polls.fetch_add(1, Ordering::Relaxed);
-            let wcs = match shared.cq.poll(&mut self.batch) {
-                Ok(wcs) => wcs,
-                Err(e) => {
-                    error!(error = %e, "polling the completion queue failed");
-                    break;
-                }
-            };
-            let n = wcs.len();
-            if n == 0 {
-                // An empty poll touches nothing else: no lock, no wakeups (the spin loop runs
-                // this path most of the time). Closing queue pairs are reaped separately.
-                self.reap_if_closing();
-                break;
-            }
-            {
-                let mut st = shared.lock();
-                for wc in wcs {
-                    if !wc.is_success() {
-                        debug!(wr_id = wc.wr_id(), qpn = wc.qp_num(), status = %wc.status(), "work completion error");
-                    }
-                    st.core.complete(&Cqe::from(wc), &mut self.out);
-                }
-                for qp in std::mem::take(&mut self.out.postable) {
-                    st.post(shared, qp, &mut self.out);
-                }
-                st.apply_failures(&mut self.out);
-                if shared.closing.load(Ordering::Acquire) {
-                    st.reap_closed(&mut self.reaped);
-                }
-            }
-            if self.out.unknown > 0 {
-                warn!(
-                    count = self.out.unknown,
-                    "completions that match no operation were ignored"
-                );
-                shared
-                    .counters
-                    .unknown
-                    .fetch_add(self.out.unknown, Ordering::Relaxed);
-                self.out.unknown = 0;
-            }
-            Shared::finish(&mut self.out);
-            shared.drained.notify_waiters();
-            // Destroy reaped queue pairs outside the lock.
-            if !self.reaped.is_empty() {
-                shared.release(&mut self.reaped);
-            }
-            total += n;
-            shared
-                .counters
-                .completions
-                .fetch_add(n as u64, Ordering::Relaxed);
-            if n < self.batch.capacity() {
-                break;
-            }
-        }
-        total
-    }
-
-    /// Reaps drained closing queue pairs (only when some queue pair is closing).
-    fn reap_if_closing(&mut self) {
-        let shared = self.shared;
-        if !shared.closing.load(Ordering::Acquire) {
-            return;
-        }
-        {
-            let mut st = shared.lock();
-            st.reap_closed(&mut self.reaped);
-            if !st.qps.iter().flatten().any(|e| e.closing) {
-                shared.closing.store(false, Ordering::Release);
-            }
-        }
-        shared.drained.notify_waiters();
-        if !self.reaped.is_empty() {
-            shared.release(&mut self.reaped);
-        }
-    }
-
-    /// Shut down and nothing left in flight.
-    fn finished(&mut self) -> bool {
-        if !self.shared.shutdown.load(Ordering::Acquire) {
-            return false;
-        }
-        let mut st = self.shared.lock();
-        st.reap_closed(&mut self.reaped);
-        let idle = st.qps.iter().all(Option::is_none);
-        drop(st);
-        self.shared.release(&mut self.reaped);
-        idle
-    }
+    let mut st = shared.lock();
+    st.reap_closed(reaped);
+    let idle = st.qps.iter().all(Option::is_none);
+    drop(st);
+    shared.release(reaped);
+    idle
 }

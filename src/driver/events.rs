@@ -8,8 +8,8 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tracing::{error, info, warn};
 
-use super::shared::Shared;
-use crate::core::{Completed, QpKey};
+use super::shared::{Deferred, Shared};
+use crate::core::QpKey;
 use crate::error::QpFailure;
 use crate::verbs::{AsyncEvent, Context, EventElement};
 
@@ -82,7 +82,7 @@ fn dispatch(shared: &Arc<Shared>, ev: &AsyncEvent) {
         return;
     }
     warn!(event = ev.name, element = ?ev.element, "fatal async event");
-    let mut out = Completed::default();
+    let mut wake = Deferred::default();
     {
         let mut st = shared.lock();
         let victims: Vec<QpKey> = match ev.element {
@@ -100,13 +100,16 @@ fn dispatch(shared: &Arc<Shared>, ev: &AsyncEvent) {
                 .collect(),
         };
         for qp in victims {
-            st.fail(qp, QpFailure::AsyncEvent(ev.name), &mut out);
+            st.fail(qp, QpFailure::AsyncEvent(ev.name), &mut wake);
             if ev.element == EventElement::Device {
                 // No flush will come from a dead device, and it touches no memory any more.
+                let mut out = std::mem::take(&mut st.out);
                 st.core.abandon_qp(qp, &mut out);
+                wake.take_from(&mut out);
+                st.out = out;
             }
         }
     }
-    Shared::finish(&mut out);
+    wake.run();
     shared.notify.notify_one();
 }

@@ -19,8 +19,11 @@
 
 mod completion;
 mod events;
+mod post;
 mod qp;
+mod raw;
 mod shared;
+mod wait;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,32 +32,39 @@ use std::time::Duration;
 use tracing::debug;
 
 pub use qp::AsyncQp;
-pub(crate) use shared::Shared;
+pub(crate) use raw::{OpConfig, RawOp, check_remote};
+pub(crate) use shared::{Deferred, Shared, Sink, sink_wr_id};
+pub(crate) use wait::{WaitKind, Waiter};
 
 use crate::error::{Error, Result};
 use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, QpCaps};
 
-/// How the completion task waits for completions.
+/// How a future waits for its completion (see `docs/architecture.md`, "Waiting").
+///
+/// In every mode a waiting future first polls the completion queue itself; the modes differ
+/// in what it does when its completion is not there yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CompletionMode {
-    /// Arm the CQ and sleep on the completion channel after every empty poll: least CPU,
-    /// highest latency (an interrupt and a task wake per burst).
+    /// Sleep at once; the completion task arms the CQ and wakes the future from the
+    /// completion event: least CPU, an interrupt and a task wake per completion.
     Event,
-    /// Never arm: poll the CQ in a loop, yielding to the runtime between polls. Lowest latency;
-    /// keeps one worker busy.
+    /// Keep polling (yielding to the runtime between polls) until the completion arrives:
+    /// lowest latency; keeps a worker busy while operations are outstanding.
     BusyPoll,
-    /// Keep polling for `spin` after the last completion, then arm and sleep (the default).
+    /// Hybrid polling (the default): spin for about twice the moving average of observed
+    /// completion latency (at least a few microseconds, at most `max_spin`), then sleep as in
+    /// `Event`; when the average exceeds `max_spin` (a slow peer), sleep at once.
     Adaptive {
-        /// How long to keep polling after activity.
-        spin: Duration,
+        /// The longest a future spins before sleeping.
+        max_spin: Duration,
     },
 }
 
 impl Default for CompletionMode {
     fn default() -> Self {
         CompletionMode::Adaptive {
-            spin: Duration::from_micros(50),
+            max_spin: Duration::from_micros(100),
         }
     }
 }
@@ -146,6 +156,10 @@ pub struct DriverStats {
     pub posted: u64,
     /// Completions that matched no operation.
     pub unknown: u64,
+    /// Times a waiting future polled the CQ itself.
+    pub polled_in_place: u64,
+    /// Times the completion task armed the CQ for an event.
+    pub arms: u64,
     /// Operations in the table now.
     pub ops_in_table: u64,
 }
@@ -190,10 +204,10 @@ impl Driver {
     pub fn new(ctx: &Context, opts: DriverOptions) -> Result<Driver> {
         let channel = CompletionChannel::new(ctx)?;
         let cq = CompletionQueue::new(ctx, opts.cq_size, Some(&channel))?;
-        let shared = Arc::new(Shared::new(cq));
+        let shared = Arc::new(Shared::new(cq, opts.mode, opts.poll_batch));
         let alive = Arc::new(());
         let token = alive.clone();
-        let task = completion::run(shared.clone(), opts.mode, opts.poll_batch.max(1));
+        let task = completion::run(shared.clone());
         tokio::spawn(async move {
             let _token = token;
             task.await;
@@ -281,6 +295,8 @@ impl Driver {
             doorbells: c.doorbells.load(Ordering::Relaxed),
             posted: c.posted.load(Ordering::Relaxed),
             unknown: c.unknown.load(Ordering::Relaxed),
+            polled_in_place: c.polled_in_place.load(Ordering::Relaxed),
+            arms: c.arms.load(Ordering::Relaxed),
             ops_in_table: ops,
         }
     }

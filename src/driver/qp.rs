@@ -5,12 +5,11 @@ use std::sync::Arc;
 
 use tracing::{debug, info_span};
 
-use super::shared::{QpEntry, Shared};
+use super::raw::OpConfig;
+use super::shared::{Deferred, QpEntry, Shared, Sink, sink_wr_id};
 use super::{Driver, QpOptions};
-use crate::buf::{IoBufMut, RemoteToken};
-use crate::core::{Completed, QpConfig, QpKey};
+use crate::core::{QpConfig, QpKey};
 use crate::error::{QpFailure, Result};
-use crate::ops::{CompareSwap, FetchAdd, OpConfig, Read, Recv, Send, SgSource, SgTarget, Write};
 use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair};
 
 /// A reliable-connected queue pair driven by a [`Driver`]: every operation is a future that
@@ -56,6 +55,7 @@ impl AsyncQp {
                 qp: qp.clone(),
                 closing: false,
                 cq_need,
+                sink: None,
             });
             key
         };
@@ -107,102 +107,51 @@ impl AsyncQp {
         self.shared().lock().core.outstanding(self.key)
     }
 
-    fn shared(&self) -> &Arc<Shared> {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.cfg.shared
     }
 
-    /// Sends the initialised bytes of `buf` (or of each buffer of a
-    /// [`BufList`](crate::ops::BufList)); the peer must have a receive posted.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future before its first poll sends nothing. After that the send may still
-    /// happen; the buffer stays owned by the driver until the device is done with it and is
-    /// then dropped.
-    pub fn send<B: SgSource>(&self, buf: B) -> Send<B> {
-        Send::new(&self.cfg, buf, None)
+    /// What the operation futures of this queue pair need.
+    pub(crate) fn op_config(&self) -> &OpConfig {
+        &self.cfg
     }
 
-    /// Sends `buf` with 32-bit immediate data delivered in the peer's receive completion.
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`send`](Self::send).
-    pub fn send_with_imm<B: SgSource>(&self, buf: B, imm: u32) -> Send<B> {
-        Send::new(&self.cfg, buf, Some(imm))
+    /// Routes the completions of requests posted with [`sink_wr_id`](Self::sink_wr_id) to
+    /// `sink` (a connection's receives and message sends, posted by the connection itself).
+    pub(crate) fn set_sink(&self, sink: std::sync::Arc<dyn Sink>) {
+        if let Some(Some(e)) = self.shared().lock().qps.get_mut(self.key.index()) {
+            e.sink = Some(sink);
+        }
     }
 
-    /// Posts a receive into `buf`; resolves with the received length (and immediate data) and
-    /// the buffer, whose initialised length is set to what arrived.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future after its first poll leaves the receive posted: the next message
-    /// from the peer is consumed into the (driver-owned) buffer and discarded.
-    pub fn recv<B: SgTarget>(&self, buf: B) -> Recv<B> {
-        Recv::new(&self.cfg, buf)
+    /// The `wr_id` of the sink's request `local`.
+    pub(crate) fn sink_wr_id(&self, local: u32) -> u64 {
+        sink_wr_id(self.key, local)
     }
 
-    /// Writes the initialised bytes of `buf` to `remote` (which must be at least as long).
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`send`](Self::send): once polled, the write may still happen.
-    pub fn write<B: SgSource>(&self, buf: B, remote: RemoteToken) -> Write<B> {
-        Write::new(&self.cfg, buf, remote, None)
-    }
-
-    /// Writes `buf` to `remote` and delivers `imm` in a receive completion at the peer (which
-    /// consumes one of its receives).
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`write`](Self::write).
-    pub fn write_with_imm<B: SgSource>(&self, buf: B, remote: RemoteToken, imm: u32) -> Write<B> {
-        Write::new(&self.cfg, buf, remote, Some(imm))
-    }
-
-    /// Reads `remote` into `buf` (its whole capacity, which must not exceed `remote`).
-    ///
-    /// # Cancel safety
-    ///
-    /// Once polled, the device may still write into the buffer, so the buffer stays owned by
-    /// the driver until the read completes and is then dropped.
-    pub fn read<B: SgTarget>(&self, buf: B, remote: RemoteToken) -> Read<B> {
-        Read::new(&self.cfg, buf, remote)
-    }
-
-    /// Atomically replaces the 8-byte value at `remote` with `swap` if it equals `compare`;
-    /// resolves with the previous value. `buf` (at least 8 bytes) receives it.
-    ///
-    /// # Cancel safety
-    ///
-    /// Once polled, the swap may still happen.
-    pub fn compare_swap<B: IoBufMut>(
-        &self,
-        buf: B,
-        remote: RemoteToken,
-        compare: u64,
-        swap: u64,
-    ) -> CompareSwap<B> {
-        CompareSwap::new(&self.cfg, buf, remote, compare, swap)
-    }
-
-    /// Atomically adds `add` to the 8-byte value at `remote`; resolves with the previous value.
-    ///
-    /// # Cancel safety
-    ///
-    /// Once polled, the addition may still happen.
-    pub fn fetch_add<B: IoBufMut>(&self, buf: B, remote: RemoteToken, add: u64) -> FetchAdd<B> {
-        FetchAdd::new(&self.cfg, buf, remote, add)
+    /// Polls the completion queue once, in place, applying what it finds (for futures that
+    /// wait on something a completion produces, such as a connection's next message).
+    pub(crate) fn poll_completions(&self) -> usize {
+        let shared = self.shared();
+        let mut wake = Deferred::default();
+        let n = {
+            let mut st = shared.lock();
+            shared
+                .counters
+                .polled_in_place
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared.poll_cq(&mut st, &mut wake)
+        };
+        wake.run();
+        n
     }
 
     /// Moves the queue pair to the error state and fails its operations with `cause` (the
     /// connection layer uses it when the peer disconnects).
     pub(crate) fn force_error(&self, cause: QpFailure) {
-        let mut out = Completed::default();
-        self.shared().lock().fail(self.key, cause, &mut out);
-        Shared::finish(&mut out);
+        let mut wake = Deferred::default();
+        self.shared().lock().fail(self.key, cause, &mut wake);
+        wake.run();
         self.shared().notify.notify_one();
     }
 
@@ -237,18 +186,20 @@ impl AsyncQp {
 
 impl Drop for AsyncQp {
     fn drop(&mut self) {
-        let mut out = Completed::default();
+        let mut wake = Deferred::default();
         {
             let mut st = self.shared().lock();
-            st.fail(self.key, QpFailure::Closed, &mut out);
+            st.fail(self.key, QpFailure::Closed, &mut wake);
             if let Some(Some(e)) = st.qps.get_mut(self.key.index()) {
                 e.closing = true;
+                // The sink (a connection) owns this handle; break the cycle.
+                e.sink = None;
             }
             self.shared()
                 .closing
                 .store(true, std::sync::atomic::Ordering::Release);
         }
-        Shared::finish(&mut out);
+        wake.run();
         // The completion task reaps the queue pair once the device has flushed it.
         self.shared().notify.notify_one();
     }

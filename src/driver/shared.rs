@@ -1,19 +1,54 @@
 //! State shared by the completion task, the queue-pair handles and the operation futures of
-//! one completion queue.
+//! one completion queue, and the one place that polls it ([`Shared::poll_cq`]).
+//!
+//! Whoever polls (an operation's own future while it waits, a connection's `recv`, or the
+//! completion task) takes the state lock, polls a batch, and applies every completion: table
+//! operations through the sans-IO [`Core`], requests of queue pairs driven by a [`Sink`] (a
+//! connection's receives and chunk sends) through that sink. Wakers are woken and released
+//! buffers dropped after the lock is released ([`Deferred`]).
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
 
 use tokio::sync::Notify;
-use tracing::warn;
+use tracing::{debug, warn};
 
-use crate::core::{Completed, Core, PostItem, QpKey, Queue};
-use crate::error::{Error, QpFailure};
-use crate::verbs::{CompletionQueue, QueuePair, RecvWr, SendOp, SendWr};
+use super::CompletionMode;
+use super::post;
+use super::wait::Latency;
+use crate::core::{Completed, Core, Cqe, PostItem, QpKey};
+use crate::error::QpFailure;
+use crate::verbs::{CompletionQueue, QueuePair, WcBatch};
 
-/// What an operation parks in the table: its buffers (and anything that must live as long).
+/// What a dropped operation parks in the table: its buffers, until the device is done.
 pub(crate) type Payload = Box<dyn Any + Send>;
+
+/// `wr_id`s with this bit set belong to a queue pair's [`Sink`]; bits 32..63 name the queue
+/// pair ([`QpKey`]), bits 0..32 are the sink's own.
+pub(crate) const SINK_BIT: u64 = 1 << 63;
+
+/// The `wr_id` of request `local` of the sink of `qp`.
+pub(crate) fn sink_wr_id(qp: QpKey, local: u32) -> u64 {
+    SINK_BIT | ((qp.index() as u64) << 32) | u64::from(local)
+}
+
+/// Receives the completions of the requests a queue pair's owner posted itself (with
+/// [`sink_wr_id`]s), in completion-queue order. Called with the driver's lock held: it must
+/// not call back into the driver (post directly on the queue pair instead).
+pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
+    /// One completion; `local` is the low half of its `wr_id`. `qp_failure` is the failure the
+    /// driver recorded for the queue pair, if any (a flush reports that cause). Returns a
+    /// failure to record for the queue pair (it then moves to the error state).
+    fn on_completion(
+        &self,
+        local: u32,
+        cqe: &Cqe,
+        qp_failure: Option<&QpFailure>,
+        wake: &mut Deferred,
+    ) -> Option<QpFailure>;
+}
 
 /// A queue pair as the driver tracks it.
 #[derive(Debug)]
@@ -23,13 +58,18 @@ pub(crate) struct QpEntry {
     pub(crate) closing: bool,
     /// Completion queue entries reserved for it.
     pub(crate) cq_need: u64,
+    /// The owner of its sink-routed requests, if any.
+    pub(crate) sink: Option<Arc<dyn Sink>>,
 }
 
 #[derive(Debug)]
 pub(crate) struct State {
     pub(crate) core: Core<Payload>,
     pub(crate) qps: Vec<Option<QpEntry>>,
-    posts: Vec<PostItem>,
+    /// Reused lists (the hot path does not allocate).
+    pub(crate) posts: Vec<PostItem>,
+    pub(crate) out: Completed<Payload>,
+    batch: WcBatch,
 }
 
 /// Counters of the completion machinery (read with [`Driver::stats`](super::Driver::stats)).
@@ -42,35 +82,97 @@ pub(crate) struct Counters {
     pub(crate) doorbells: AtomicU64,
     pub(crate) posted: AtomicU64,
     pub(crate) unknown: AtomicU64,
+    pub(crate) polled_in_place: AtomicU64,
+    pub(crate) arms: AtomicU64,
 }
 
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
     pub(crate) cq: CompletionQueue,
-    /// Wakes the completion task (shutdown, closing queue pairs).
+    pub(crate) mode: CompletionMode,
+    /// Futures polling the CQ themselves right now: while there are any, the completion task
+    /// leaves the CQ unarmed (they see every completion first).
+    pub(crate) spinners: AtomicUsize,
+    /// Observed completion latencies (the adaptive spin budget).
+    pub(crate) latency: Latency,
+    /// Wakes the completion task (shutdown, closing queue pairs, the last spinner leaving).
     pub(crate) notify: Notify,
     /// Wakes the async-event task (shutdown).
     pub(crate) notify_events: Notify,
-    /// Signalled after every pass of the completion task (for `close` waiting for a drain).
+    /// Signalled after completions were applied while some queue pair is closing.
     pub(crate) drained: Notify,
     pub(crate) shutdown: AtomicBool,
-    /// Some queue pair is closing: the completion task reaps it once drained.
+    /// Some queue pair is closing: reap it once drained.
     pub(crate) closing: AtomicBool,
     pub(crate) counters: Counters,
     /// Sum of the depths of the registered queue pairs (bounded by the CQ size).
     pub(crate) cq_budget: Mutex<u64>,
 }
 
+/// Wakers to wake and buffers to drop once the lock is released. Holds up to
+/// [`Deferred::WAKERS`] wakers without allocating; beyond that, wakers are woken at once.
+#[derive(Debug, Default)]
+pub(crate) struct Deferred {
+    wakers: [Option<Waker>; Deferred::WAKERS],
+    n: usize,
+    released: Vec<Payload>,
+}
+
+impl Deferred {
+    const WAKERS: usize = 32;
+
+    pub(crate) fn push(&mut self, w: Waker) {
+        if self.n < Self::WAKERS {
+            self.wakers[self.n] = Some(w);
+            self.n += 1;
+        } else {
+            w.wake();
+        }
+    }
+
+    /// Moves what `out` collected (wakers, released payloads) in here.
+    pub(crate) fn take_from(&mut self, out: &mut Completed<Payload>) {
+        for w in out.wakers.drain(..) {
+            self.push(w);
+        }
+        if !out.released.is_empty() {
+            self.released.append(&mut out.released);
+        }
+    }
+
+    /// Wakes and drops. Call without the lock.
+    pub(crate) fn run(&mut self) {
+        for w in &mut self.wakers[..self.n] {
+            if let Some(w) = w.take() {
+                w.wake();
+            }
+        }
+        self.n = 0;
+        self.released.clear();
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        self.run();
+    }
+}
+
 impl Shared {
-    pub(crate) fn new(cq: CompletionQueue) -> Shared {
+    pub(crate) fn new(cq: CompletionQueue, mode: CompletionMode, batch: usize) -> Shared {
         Shared {
             state: Mutex::new(State {
                 core: Core::new(),
                 qps: Vec::new(),
                 posts: Vec::new(),
+                out: Completed::default(),
+                batch: WcBatch::with_capacity(batch.max(1)),
             }),
             cq,
+            mode,
+            spinners: AtomicUsize::new(0),
+            latency: Latency::default(),
             notify: Notify::new(),
             notify_events: Notify::new(),
             drained: Notify::new(),
@@ -87,82 +189,127 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Wakes the wakers and drops the released payloads of `out`. Call without the lock.
+    /// Polls one batch of completions and applies them; returns how many there were. Call
+    /// with the state locked; run `wake` after unlocking.
+    pub(crate) fn poll_cq(&self, st: &mut State, wake: &mut Deferred) -> usize {
+        self.counters.polls.fetch_add(1, Ordering::Relaxed);
+        let State {
+            core,
+            qps,
+            out,
+            batch,
+            ..
+        } = st;
+        let wcs = match self.cq.poll(batch) {
+            Ok(wcs) => wcs,
+            Err(e) => {
+                warn!(error = %e, "polling the completion queue failed");
+                return 0;
+            }
+        };
+        let n = wcs.len();
+        for wc in wcs {
+            let cqe = Cqe::from(wc);
+            if !wc.is_success() {
+                debug!(wr_id = cqe.wr_id, qpn = wc.qp_num(), status = %cqe.status, "work completion error");
+            }
+            if cqe.wr_id & SINK_BIT == 0 {
+                core.complete(&cqe, out);
+                continue;
+            }
+            let key = QpKey::from_index(((cqe.wr_id & !SINK_BIT) >> 32) as usize);
+            let sink = qps
+                .get(key.index())
+                .and_then(Option::as_ref)
+                .and_then(|e| e.sink.clone());
+            match sink {
+                Some(sink) => {
+                    let failure = core.failure(key).cloned();
+                    if let Some(cause) = sink.on_completion(cqe.wr_id as u32, &cqe, failure.as_ref(), wake) {
+                        core.fail_qp(key, cause, out);
+                    }
+                }
+                None => out.unknown += 1,
+            }
+        }
+        if n == 0 {
+            return 0;
+        }
+        self.counters
+            .completions
+            .fetch_add(n as u64, Ordering::Relaxed);
+        for qp in std::mem::take(&mut st.out.postable) {
+            post::post(st, self, qp);
+        }
+        st.apply_failures();
+        if st.out.unknown > 0 {
+            warn!(
+                count = st.out.unknown,
+                "completions that match no operation were ignored"
+            );
+            self.counters
+                .unknown
+                .fetch_add(st.out.unknown, Ordering::Relaxed);
+            st.out.unknown = 0;
+        }
+        wake.take_from(&mut st.out);
+        n
+    }
+
+    /// Polls until the CQ is empty (the completion task's way). Returns how many completions.
+    pub(crate) fn drain(&self, reaped: &mut Vec<QpEntry>) -> usize {
+        let mut total = 0;
+        let mut wake = Deferred::default();
+        loop {
+            let n = {
+                let mut st = self.lock();
+                let n = self.poll_cq(&mut st, &mut wake);
+                if self.closing.load(Ordering::Acquire) {
+                    st.reap_closed(reaped);
+                    if !st.qps.iter().flatten().any(|e| e.closing) {
+                        self.closing.store(false, Ordering::Release);
+                    }
+                }
+                n
+            };
+            wake.run();
+            total += n;
+            if n == 0 {
+                break;
+            }
+        }
+        // `AsyncQp::close` waits for this (the completion task's drains only: not the hot path).
+        self.drained.notify_waiters();
+        self.release(reaped);
+        total
+    }
+
     /// Returns the CQ entries of reaped queue pairs and destroys them (drops the last QP
     /// handles). Call without the lock.
     pub(crate) fn release(&self, reaped: &mut Vec<QpEntry>) {
+        if reaped.is_empty() {
+            return;
+        }
         let mut budget = self.cq_budget.lock().unwrap_or_else(|e| e.into_inner());
         for e in reaped.drain(..) {
             *budget = budget.saturating_sub(e.cq_need);
-            tracing::debug!(qpn = e.qp.qpn(), "queue pair drained and destroyed");
+            debug!(qpn = e.qp.qpn(), "queue pair drained and destroyed");
         }
     }
 
-    pub(crate) fn finish(out: &mut Completed<Payload>) {
-        for w in out.wakers.drain(..) {
-            w.wake();
+    /// A future stopped polling the CQ itself: if it was the last, let the completion task
+    /// arm the CQ so completions nobody polls for raise an event.
+    pub(crate) fn spinner_left(&self) {
+        if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.notify.notify_one();
         }
-        out.released.clear();
     }
 }
 
 impl State {
-    /// Posts everything of `qp` that fits, as one chained list per queue. Failed queue pairs
-    /// are moved to the error state so their posted requests get flushed.
-    pub(crate) fn post(&mut self, shared: &Shared, qp: QpKey, out: &mut Completed<Payload>) {
-        let mut posts = std::mem::take(&mut self.posts);
-        posts.clear();
-        self.core.take_postable(qp, &mut posts);
-        if !posts.is_empty() {
-            let handle = self.qps[qp.index()]
-                .as_ref()
-                .expect("registered")
-                .qp
-                .clone();
-            let recv_end = posts
-                .iter()
-                .take_while(|p| p.wr.queue == Queue::Recv)
-                .count();
-            let (recvs, sends) = posts.split_at(recv_end);
-            let failed = if let Err((bad, errno)) = post_recvs(&handle, recvs) {
-                let ids: Vec<u64> = posts[bad..].iter().map(|p| p.wr_id).collect();
-                self.core.post_failed(qp, &ids, errno, out);
-                true
-            } else if let Err((bad, errno)) = post_sends(&handle, sends) {
-                let ids: Vec<u64> = sends[bad..].iter().map(|p| p.wr_id).collect();
-                self.core.post_failed(qp, &ids, errno, out);
-                true
-            } else {
-                false
-            };
-            if failed && self.core.has_posted_sends(qp) {
-                // Sends posted before the failure may have executed unsignaled: move the QP to
-                // ERR, then post a signaled drain marker whose flush retires all of them.
-                self.apply_failures(out);
-                let wr_id = self.core.drain_marker(qp);
-                let marker = [SendWr::new(wr_id, SendOp::Send, &[])];
-                // SAFETY: a zero-length send names no memory.
-                let posted = unsafe { handle.post_send(&marker) };
-                if let Err(e) = posted {
-                    // Releasing the buffers could let the device write freed memory: keep
-                    // them parked (leaked) rather than risk it.
-                    tracing::error!(error = %e, "posting the drain marker failed; the queue pair's earlier sends stay parked");
-                }
-            }
-            let n = posts.len() as u64;
-            shared.counters.posted.fetch_add(n, Ordering::Relaxed);
-            shared.counters.doorbells.fetch_add(
-                u64::from(!recvs.is_empty()) + u64::from(!sends.is_empty()),
-                Ordering::Relaxed,
-            );
-        }
-        self.posts = posts;
-        self.apply_failures(out);
-    }
-
     /// Moves newly failed queue pairs to the error state (so the device flushes them).
-    pub(crate) fn apply_failures(&mut self, out: &mut Completed<Payload>) {
-        for qp in out.failed.drain(..) {
+    pub(crate) fn apply_failures(&mut self) {
+        for qp in self.out.failed.drain(..) {
             if let Some(Some(e)) = self.qps.get(qp.index()) {
                 if let Err(err) = e.qp.to_error() {
                     warn!(qpn = e.qp.qpn(), error = %err, "moving a failed queue pair to ERR");
@@ -171,10 +318,11 @@ impl State {
         }
     }
 
-    /// Fails `qp` with `cause` and moves it to ERR.
-    pub(crate) fn fail(&mut self, qp: QpKey, cause: QpFailure, out: &mut Completed<Payload>) {
-        self.core.fail_qp(qp, cause, out);
-        self.apply_failures(out);
+    /// Fails `qp` with `cause` and moves it to ERR; the wakers go to `wake`.
+    pub(crate) fn fail(&mut self, qp: QpKey, cause: QpFailure, wake: &mut Deferred) {
+        self.core.fail_qp(qp, cause, &mut self.out);
+        self.apply_failures();
+        wake.take_from(&mut self.out);
     }
 
     /// Removes closing queue pairs with nothing left in flight (destroying the QP happens when
@@ -182,64 +330,14 @@ impl State {
     pub(crate) fn reap_closed(&mut self, reaped: &mut Vec<QpEntry>) {
         for i in 0..self.qps.len() {
             let closing = matches!(&self.qps[i], Some(e) if e.closing);
-            if closing && self.core.posted(QpKey::from_index(i)) == 0 {
-                // Queued requests were failed when closing started; nothing is outstanding.
-                if self.core.remove_qp(QpKey::from_index(i)) {
-                    if let Some(e) = self.qps[i].take() {
-                        reaped.push(e);
-                    }
+            if closing
+                && self.core.posted(QpKey::from_index(i)) == 0
+                && self.core.remove_qp(QpKey::from_index(i))
+            {
+                if let Some(e) = self.qps[i].take() {
+                    reaped.push(e);
                 }
             }
         }
-    }
-}
-
-fn post_sends(qp: &QueuePair, items: &[PostItem]) -> Result<(), (usize, i32)> {
-    if items.is_empty() {
-        return Ok(());
-    }
-    let wrs: Vec<SendWr<'_>> = items
-        .iter()
-        .map(|p| SendWr {
-            wr_id: p.wr_id,
-            op: p.wr.op,
-            sges: p.wr.sges.as_slice(),
-            signaled: p.signaled,
-            inline: p.wr.inline,
-            solicited: p.wr.solicited,
-            fence: false,
-        })
-        .collect();
-    // The SGEs name memory owned by payloads parked in the operation table until the core
-    // applies each request's completion (or its retirement by a later signaled completion);
-    // SAFETY: so it stays allocated, registered (the payload keeps the lkey's MR) and unused.
-    match unsafe { qp.post_send(&wrs) } {
-        Ok(()) => Ok(()),
-        Err(e) => Err(post_error(e)),
-    }
-}
-
-fn post_recvs(qp: &QueuePair, items: &[PostItem]) -> Result<(), (usize, i32)> {
-    if items.is_empty() {
-        return Ok(());
-    }
-    let wrs: Vec<RecvWr<'_>> = items
-        .iter()
-        .map(|p| RecvWr::new(p.wr_id, p.wr.sges.as_slice()))
-        .collect();
-    // SAFETY: as in `post_sends`: the receive buffers are parked in the table until the
-    // receive completes.
-    match unsafe { qp.post_recv(&wrs) } {
-        Ok(()) => Ok(()),
-        Err(e) => Err(post_error(e)),
-    }
-}
-
-fn post_error(e: Error) -> (usize, i32) {
-    warn!(error = %e, "posting work requests failed");
-    let errno = e.raw_os_error().unwrap_or(libc::EIO);
-    match e {
-        Error::PostSend { bad_index, .. } | Error::PostRecv { bad_index, .. } => (bad_index, errno),
-        _ => (0, errno),
     }
 }

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::{OpConfig, RawOp};
+use crate::driver::{OpConfig, RawOp};
 use crate::buf::{IoBufMut, RemoteToken};
 use crate::core::WorkRequest;
 use crate::error::{Error, Result};

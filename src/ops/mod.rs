@@ -1,13 +1,18 @@
 //! Operations as futures, one file per kind. Each takes its buffers by value and resolves to
 //! `(Result<T>, B)`: the buffers always come back, success or failure.
 //!
-//! Every operation is built on one internal engine (`RawOp`), which implements the common rules:
+//! This layer is thin: it builds the typed work request and maps the outcome. Every operation
+//! is the driver's one engine (`RawOp`, in `driver/raw.rs`), which implements the common rules:
 //!
 //! * **post on first poll**: constructing the future does nothing; a future that is never polled
 //!   posts nothing and simply drops its buffers;
-//! * **ownership in flight**: on first poll the buffers move into the driver's operation table,
-//!   so dropping (or `mem::forget`ting) the future cannot free memory the device still uses;
-//!   a dropped future's buffers are released when the completion arrives;
+//! * **ownership in flight**: the buffers stay in the future while the device uses them; a
+//!   future dropped before its completion parks them in the driver's operation table until
+//!   the completion arrives, so dropping (or `mem::forget`ting) it cannot free memory the
+//!   device still uses;
+//! * **completions polled in place**: a waiting future polls the completion queue itself, then
+//!   spins or sleeps as the [`CompletionMode`](crate::driver::CompletionMode) says;
+//! * **no allocation** per operation in steady state;
 //! * **coalescing**: with [`QpOptions::coalesce`](crate::driver::QpOptions::coalesce) the first
 //!   poll queues the request and yields once, so requests started in the same wake are posted
 //!   as one chained list (one doorbell);
@@ -20,10 +25,6 @@ mod send;
 mod sg;
 mod write;
 
-use std::any::Any;
-use std::sync::Arc;
-use std::task::{Context, Poll};
-
 pub use atomic::{CompareSwap, FetchAdd};
 pub use read::Read;
 pub use recv::{Recv, RecvInfo};
@@ -31,141 +32,94 @@ pub use send::Send;
 pub use sg::{BufList, SgSource, SgTarget};
 pub use write::Write;
 
-use crate::core::{Completed, OpInfo, QpKey, WorkRequest};
-use crate::driver::Shared;
-use crate::error::{Error, Result};
-use crate::verbs::QpCaps;
+use crate::buf::{IoBufMut, RemoteToken};
+use crate::driver::AsyncQp;
 
-/// What every operation of one queue pair needs to know.
-#[derive(Debug, Clone)]
-pub(crate) struct OpConfig {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) qp: QpKey,
-    pub(crate) caps: QpCaps,
-    pub(crate) coalesce: bool,
-    pub(crate) inline: bool,
-}
-
-/// The buffers an operation parks in the table.
-struct Parked<B> {
-    buf: B,
-}
-
-#[derive(Debug)]
-enum RawState<B> {
-    /// Not polled yet: nothing is posted.
-    Init { buf: B, wr: WorkRequest },
-    /// Rejected before posting; reported on first poll.
-    Invalid { buf: B, err: Error },
-    /// In the table (queued or posted). `flushed`: this future already asked for a post.
-    InTable { wr_id: u64, flushed: bool },
-    /// Resolved.
-    Done,
-}
-
-/// The engine shared by all operation futures.
-#[derive(Debug)]
-pub(crate) struct RawOp<B: std::marker::Send + 'static> {
-    cfg: OpConfig,
-    state: RawState<B>,
-}
-
-impl<B: std::marker::Send + 'static> RawOp<B> {
-    pub(crate) fn new(cfg: &OpConfig, buf: B, wr: Result<WorkRequest>) -> RawOp<B> {
-        let state = match wr {
-            Ok(wr) => RawState::Init { buf, wr },
-            Err(err) => RawState::Invalid { buf, err },
-        };
-        RawOp {
-            cfg: cfg.clone(),
-            state,
-        }
+impl AsyncQp {
+    /// Sends the initialised bytes of `buf` (or of each buffer of a
+    /// [`BufList`](crate::ops::BufList)); the peer must have a receive posted.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before its first poll sends nothing. After that the send may still
+    /// happen; the buffer stays owned by the driver until the device is done with it and is
+    /// then dropped.
+    pub fn send<B: SgSource>(&self, buf: B) -> Send<B> {
+        Send::new(self.op_config(), buf, None)
     }
 
-    /// Drives the operation; on completion returns its outcome and the buffers.
-    pub(crate) fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<(Result<OpInfo>, B)> {
-        // Split borrows: the shared state is borrowed (not cloned) while `state` changes.
-        let RawOp { cfg, state } = self;
-        let shared: &Shared = &cfg.shared;
-        let qp = cfg.qp;
-        let mut out = Completed::default();
-        let result = match std::mem::replace(state, RawState::Done) {
-            RawState::Done => panic!("operation future polled after completion"),
-            RawState::Invalid { buf, err } => Poll::Ready((Err(err), buf)),
-            RawState::Init { buf, wr } => {
-                let mut st = shared.lock();
-                let payload: Box<dyn Any + std::marker::Send> = Box::new(Parked { buf });
-                match st.core.submit(qp, wr, payload) {
-                    Err((err, payload)) => {
-                        drop(st);
-                        Poll::Ready((Err(err), unpark(payload)))
-                    }
-                    Ok(sub) => {
-                        let flushed = !cfg.coalesce;
-                        if flushed {
-                            st.post(shared, qp, &mut out);
-                        }
-                        match st.core.poll_op(sub.wr_id, cx) {
-                            Poll::Ready((res, payload)) => Poll::Ready((res, unpark(payload))),
-                            Poll::Pending => {
-                                *state = RawState::InTable {
-                                    wr_id: sub.wr_id,
-                                    flushed,
-                                };
-                                if !flushed {
-                                    // Yield once so that siblings started in this wake queue up
-                                    // too; the next poll posts them all with one doorbell.
-                                    cx.waker().wake_by_ref();
-                                }
-                                Poll::Pending
-                            }
-                        }
-                    }
-                }
-            }
-            RawState::InTable { wr_id, flushed } => {
-                let mut st = shared.lock();
-                if !flushed {
-                    st.post(shared, qp, &mut out);
-                }
-                match st.core.poll_op(wr_id, cx) {
-                    Poll::Ready((res, payload)) => Poll::Ready((res, unpark(payload))),
-                    Poll::Pending => {
-                        *state = RawState::InTable {
-                            wr_id,
-                            flushed: true,
-                        };
-                        Poll::Pending
-                    }
-                }
-            }
-        };
-        Shared::finish(&mut out);
-        result
+    /// Sends `buf` with 32-bit immediate data delivered in the peer's receive completion.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`send`](Self::send).
+    pub fn send_with_imm<B: SgSource>(&self, buf: B, imm: u32) -> Send<B> {
+        Send::new(self.op_config(), buf, Some(imm))
     }
-}
 
-fn unpark<B: 'static>(payload: Box<dyn Any + std::marker::Send>) -> B {
-    payload
-        .downcast::<Parked<B>>()
-        .map(|p| p.buf)
-        .unwrap_or_else(|_| unreachable!("an operation gets back the payload it parked"))
-}
-
-// The buffers are never pinned: they move into the table on first poll.
-impl<B: std::marker::Send + 'static> Unpin for RawOp<B> {}
-
-impl<B: std::marker::Send + 'static> Drop for RawOp<B> {
-    fn drop(&mut self) {
-        if let RawState::InTable { wr_id, .. } = self.state {
-            let released = self.cfg.shared.lock().core.cancel(wr_id);
-            // Dropped outside the lock: a buffer's destructor may do anything.
-            drop(released);
-        }
+    /// Posts a receive into `buf`; resolves with the received length (and immediate data) and
+    /// the buffer, whose initialised length is set to what arrived.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after its first poll leaves the receive posted: the next message
+    /// from the peer is consumed into the (driver-owned) buffer and discarded.
+    pub fn recv<B: SgTarget>(&self, buf: B) -> Recv<B> {
+        Recv::new(self.op_config(), buf)
     }
-}
 
-/// Checks a local length against a remote token and returns the remote address.
-pub(crate) fn check_remote(remote: &crate::buf::RemoteToken, len: u64) -> Result<u64> {
-    remote.check(0, len)
+    /// Writes the initialised bytes of `buf` to `remote` (which must be at least as long).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`send`](Self::send): once polled, the write may still happen.
+    pub fn write<B: SgSource>(&self, buf: B, remote: RemoteToken) -> Write<B> {
+        Write::new(self.op_config(), buf, remote, None)
+    }
+
+    /// Writes `buf` to `remote` and delivers `imm` in a receive completion at the peer (which
+    /// consumes one of its receives).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`write`](Self::write).
+    pub fn write_with_imm<B: SgSource>(&self, buf: B, remote: RemoteToken, imm: u32) -> Write<B> {
+        Write::new(self.op_config(), buf, remote, Some(imm))
+    }
+
+    /// Reads `remote` into `buf` (its whole capacity, which must not exceed `remote`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Once polled, the device may still write into the buffer, so the buffer stays owned by
+    /// the driver until the read completes and is then dropped.
+    pub fn read<B: SgTarget>(&self, buf: B, remote: RemoteToken) -> Read<B> {
+        Read::new(self.op_config(), buf, remote)
+    }
+
+    /// Atomically replaces the 8-byte value at `remote` with `swap` if it equals `compare`;
+    /// resolves with the previous value. `buf` (at least 8 bytes) receives it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Once polled, the swap may still happen.
+    pub fn compare_swap<B: IoBufMut>(
+        &self,
+        buf: B,
+        remote: RemoteToken,
+        compare: u64,
+        swap: u64,
+    ) -> CompareSwap<B> {
+        CompareSwap::new(self.op_config(), buf, remote, compare, swap)
+    }
+
+    /// Atomically adds `add` to the 8-byte value at `remote`; resolves with the previous value.
+    ///
+    /// # Cancel safety
+    ///
+    /// Once polled, the addition may still happen.
+    pub fn fetch_add<B: IoBufMut>(&self, buf: B, remote: RemoteToken, add: u64) -> FetchAdd<B> {
+        FetchAdd::new(self.op_config(), buf, remote, add)
+    }
+
 }

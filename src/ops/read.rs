@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sg::{SgTarget, target_list};
-use super::{OpConfig, RawOp, check_remote};
+use crate::driver::{OpConfig, RawOp, check_remote};
 use crate::buf::RemoteToken;
 use crate::core::WorkRequest;
 use crate::error::Result;

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sg::{SgTarget, target_list};
-use super::{OpConfig, RawOp};
+use crate::driver::{OpConfig, RawOp};
 use crate::core::WorkRequest;
 use crate::error::Result;
 

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sg::{SgSource, source_list};
-use super::{OpConfig, RawOp};
+use crate::driver::{OpConfig, RawOp};
 use crate::core::WorkRequest;
 use crate::error::Result;
 use crate::verbs::SendOp;

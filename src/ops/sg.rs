@@ -14,7 +14,7 @@ mod sealed {
 pub trait SgSource: sealed::Sealed + Send + 'static {
     /// Appends one entry per non-empty buffer covering its initialised bytes.
     #[doc(hidden)]
-    fn source_segments(&self, out: &mut Vec<Sge>) -> Result<()>;
+    fn source_segments(&self, out: &mut SgList) -> Result<()>;
 }
 
 /// Local memory an operation writes into (receives, RDMA READ): any [`IoBufMut`], or a
@@ -22,7 +22,7 @@ pub trait SgSource: sealed::Sealed + Send + 'static {
 pub trait SgTarget: sealed::Sealed + Send + 'static {
     /// Appends one entry per non-empty buffer covering its whole capacity.
     #[doc(hidden)]
-    fn target_segments(&mut self, out: &mut Vec<Sge>) -> Result<()>;
+    fn target_segments(&mut self, out: &mut SgList) -> Result<()>;
     /// Records that the first `n` bytes (across the list, in order) were written.
     #[doc(hidden)]
     fn set_filled(&mut self, n: usize);
@@ -44,29 +44,37 @@ fn sge(ptr: *const u8, len: usize, lkey: Option<u32>) -> Result<Option<Sge>> {
     if len == 0 {
         return Ok(None);
     }
-    let lkey = lkey.ok_or_else(|| {
-        Error::InvalidArgument(
+    // Error texts are built only on the error path: the hot path does not allocate.
+    let Some(lkey) = lkey else {
+        return Err(Error::InvalidArgument(
             "buffer has no lkey: use registered memory (a pool buffer or a registered buffer)"
                 .into(),
-        )
-    })?;
-    let len = u32::try_from(len)
-        .map_err(|_| Error::InvalidArgument(format!("buffer of {len} bytes exceeds 4 GiB")))?;
+        ));
+    };
+    let Ok(len) = u32::try_from(len) else {
+        return Err(Error::InvalidArgument(format!(
+            "buffer of {len} bytes exceeds 4 GiB"
+        )));
+    };
     Ok(Some(Sge::new(ptr as u64, len, lkey)))
 }
 
 impl<B: IoBuf> sealed::Sealed for B {}
 
 impl<B: IoBuf> SgSource for B {
-    fn source_segments(&self, out: &mut Vec<Sge>) -> Result<()> {
-        out.extend(sge(self.stable_ptr(), self.bytes_init(), self.lkey())?);
+    fn source_segments(&self, out: &mut SgList) -> Result<()> {
+        if let Some(s) = sge(self.stable_ptr(), self.bytes_init(), self.lkey())? {
+            out.push(s);
+        }
         Ok(())
     }
 }
 
 impl<B: IoBufMut> SgTarget for B {
-    fn target_segments(&mut self, out: &mut Vec<Sge>) -> Result<()> {
-        out.extend(sge(self.stable_mut_ptr(), self.bytes_total(), self.lkey())?);
+    fn target_segments(&mut self, out: &mut SgList) -> Result<()> {
+        if let Some(s) = sge(self.stable_mut_ptr(), self.bytes_total(), self.lkey())? {
+            out.push(s);
+        }
         Ok(())
     }
 
@@ -81,7 +89,7 @@ impl<B: IoBufMut> SgTarget for B {
 impl<B: IoBuf> sealed::Sealed for BufList<B> {}
 
 impl<B: IoBuf> SgSource for BufList<B> {
-    fn source_segments(&self, out: &mut Vec<Sge>) -> Result<()> {
+    fn source_segments(&self, out: &mut SgList) -> Result<()> {
         for b in &self.0 {
             b.source_segments(out)?;
         }
@@ -90,7 +98,7 @@ impl<B: IoBuf> SgSource for BufList<B> {
 }
 
 impl<B: IoBufMut> SgTarget for BufList<B> {
-    fn target_segments(&mut self, out: &mut Vec<Sge>) -> Result<()> {
+    fn target_segments(&mut self, out: &mut SgList) -> Result<()> {
         for b in &mut self.0 {
             b.target_segments(out)?;
         }
@@ -108,18 +116,18 @@ impl<B: IoBufMut> SgTarget for BufList<B> {
 
 /// Builds the scatter/gather list of a source, checking the queue pair's SGE limit.
 pub(crate) fn source_list<S: SgSource>(src: &S, max_sge: u32) -> Result<SgList> {
-    let mut v = Vec::new();
-    src.source_segments(&mut v)?;
-    check_count(v.len(), max_sge)?;
-    Ok(SgList::from_slice(&v))
+    let mut l = SgList::new();
+    src.source_segments(&mut l)?;
+    check_count(l.len(), max_sge)?;
+    Ok(l)
 }
 
 /// Builds the scatter/gather list of a target, checking the queue pair's SGE limit.
 pub(crate) fn target_list<T: SgTarget>(dst: &mut T, max_sge: u32) -> Result<SgList> {
-    let mut v = Vec::new();
-    dst.target_segments(&mut v)?;
-    check_count(v.len(), max_sge)?;
-    Ok(SgList::from_slice(&v))
+    let mut l = SgList::new();
+    dst.target_segments(&mut l)?;
+    check_count(l.len(), max_sge)?;
+    Ok(l)
 }
 
 fn check_count(n: usize, max_sge: u32) -> Result<()> {

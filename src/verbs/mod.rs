@@ -56,6 +56,7 @@ pub use device::{DeviceInfo, devices};
 pub use mr::{MemoryRegion, RegisteredBuffer};
 pub use mw::MemoryWindow;
 pub(crate) use pages::explain_reg_error;
+pub(crate) use wr::STACK_CHAIN;
 pub use pages::{BASE_PAGE_SIZE, HUGE_PAGE_SIZE, HugePages, PageMapping, memlock_limit};
 pub use pd::ProtectionDomain;
 pub use qp::{QpAddress, QpCaps, QpInitAttr, QpState, QueuePair, RtrOptions, RtsOptions};

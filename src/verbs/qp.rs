@@ -602,8 +602,19 @@ impl QueuePair {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut raw: Vec<sys::ibv_recv_wr> = wrs.iter().map(RecvWr::raw).collect();
-        let head = chain(&mut raw, |w, next| w.next = next);
+        let mut stack = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); STACK_CHAIN];
+        let mut heap = Vec::new();
+        let list: &mut [sys::ibv_recv_wr] = if wrs.len() <= STACK_CHAIN {
+            for (slot, wr) in stack.iter_mut().zip(wrs) {
+                slot.write(wr.raw());
+            }
+            // SAFETY: the first `wrs.len()` slots were initialised just above.
+            unsafe { std::slice::from_raw_parts_mut(stack.as_mut_ptr().cast(), wrs.len()) }
+        } else {
+            heap.extend(wrs.iter().map(RecvWr::raw));
+            &mut heap
+        };
+        let head = chain(list, |w, next| w.next = next);
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: as in `post_send`.
         let rc = unsafe { sys::ibv_post_recv(self.as_ptr(), head, &mut bad) };

@@ -12,6 +12,13 @@ use crate::sys;
 pub struct Sge(sys::ibv_sge);
 
 impl Sge {
+    /// An empty entry (no address, no length, no key): a placeholder in fixed arrays.
+    pub const ZERO: Sge = Sge(sys::ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    });
+
     /// An entry covering `length` bytes at `addr` of the region with local key `lkey`.
     pub fn new(addr: u64, length: u32, lkey: u32) -> Sge {
         Sge(sys::ibv_sge { addr, length, lkey })
@@ -145,6 +152,17 @@ pub struct SendWr<'a> {
 }
 
 impl<'a> SendWr<'a> {
+    /// A placeholder (zero-length signaled SEND, `wr_id` 0) for fixed arrays of requests.
+    pub const EMPTY: SendWr<'static> = SendWr {
+        wr_id: 0,
+        op: SendOp::Send,
+        sges: &[],
+        signaled: true,
+        inline: false,
+        solicited: false,
+        fence: false,
+    };
+
     /// A signaled request with no other flags.
     pub fn new(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendWr<'a> {
         SendWr {
@@ -275,6 +293,12 @@ pub struct RecvWr<'a> {
 }
 
 impl<'a> RecvWr<'a> {
+    /// A placeholder (no entries, `wr_id` 0) for fixed arrays of requests.
+    pub const EMPTY: RecvWr<'static> = RecvWr {
+        wr_id: 0,
+        sges: &[],
+    };
+
     /// A receive request into `sges`.
     pub fn new(wr_id: u64, sges: &'a [Sge]) -> RecvWr<'a> {
         RecvWr { wr_id, sges }
@@ -291,7 +315,7 @@ impl<'a> RecvWr<'a> {
 }
 
 /// Number of work requests chained on the stack before falling back to a heap list.
-pub(crate) const STACK_CHAIN: usize = 16;
+pub(crate) const STACK_CHAIN: usize = 64;
 
 /// Builds a chained list of raw requests in `storage` and returns the head pointer.
 /// `link` sets the `next` field of element `i` to point at element `i + 1`.

@@ -1,0 +1,133 @@
+//! Posting the table's queued requests: one chained list per queue (one doorbell), work
+//! requests built on the stack, no allocation.
+
+use std::sync::atomic::Ordering;
+
+use tracing::warn;
+
+use super::shared::{Shared, State};
+use crate::core::{PostItem, QpKey, Queue};
+use crate::error::Error;
+use crate::verbs::{QueuePair, RecvWr, SendOp, SendWr};
+
+/// Requests chained per doorbell (a longer batch rings several; built on the stack, as the
+/// verbs layer chains up to the same number without allocating).
+const CHAIN: usize = crate::verbs::STACK_CHAIN;
+
+/// Posts everything of `qp` that fits, as chained lists. A failed post fails the queue pair
+/// (and moves it to the error state so its posted requests get flushed).
+pub(crate) fn post(st: &mut State, shared: &Shared, qp: QpKey) {
+    let mut posts = std::mem::take(&mut st.posts);
+    posts.clear();
+    st.core.take_postable(qp, &mut posts);
+    if !posts.is_empty() {
+        let handle = st.qps[qp.index()]
+            .as_ref()
+            .expect("registered")
+            .qp
+            .clone();
+        let recv_end = posts
+            .iter()
+            .take_while(|p| p.wr.queue == Queue::Recv)
+            .count();
+        let (recvs, sends) = posts.split_at(recv_end);
+        let (rdb, r) = post_recvs(&handle, recvs);
+        let (sdb, s) = if r.is_ok() {
+            post_sends(&handle, sends)
+        } else {
+            (0, Ok(()))
+        };
+        let failed = match (r, s) {
+            (Err((bad, errno)), _) => Some((bad, errno)),
+            (Ok(()), Err((bad, errno))) => Some((recv_end + bad, errno)),
+            _ => None,
+        };
+        if let Some((first_bad, errno)) = failed {
+            // Everything from the first request that did not reach the device on (the error
+            // path may allocate).
+            let ids: Vec<u64> = posts[first_bad..].iter().map(|p| p.wr_id).collect();
+            st.core.post_failed(qp, &ids, errno, &mut st.out);
+            if st.core.has_posted_sends(qp) {
+                // Sends posted before the failure may have executed unsignaled: move the QP to
+                // ERR, then post a signaled drain marker whose flush retires all of them.
+                st.apply_failures();
+                let wr_id = st.core.drain_marker(qp);
+                let marker = [SendWr::new(wr_id, SendOp::Send, &[])];
+                // SAFETY: a zero-length send names no memory.
+                let posted = unsafe { handle.post_send(&marker) };
+                if let Err(e) = posted {
+                    // Releasing the buffers could let the device write freed memory: keep
+                    // them parked (leaked) rather than risk it.
+                    tracing::error!(error = %e, "posting the drain marker failed; the queue pair's earlier sends stay parked");
+                }
+            }
+        }
+        shared
+            .counters
+            .posted
+            .fetch_add(posts.len() as u64, Ordering::Relaxed);
+        shared
+            .counters
+            .doorbells
+            .fetch_add(rdb + sdb, Ordering::Relaxed);
+    }
+    st.posts = posts;
+    st.apply_failures();
+}
+
+/// Posts `items` in chains of up to [`CHAIN`]; returns the doorbells rung, or the index of
+/// the first request not posted and the errno.
+fn post_sends(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i32)>) {
+    let mut doorbells = 0;
+    for (c, chunk) in items.chunks(CHAIN).enumerate() {
+        let mut wrs = [const { SendWr::EMPTY }; CHAIN];
+        for (w, p) in wrs.iter_mut().zip(chunk) {
+            *w = SendWr {
+                wr_id: p.wr_id,
+                op: p.wr.op,
+                sges: p.wr.sges.as_slice(),
+                signaled: p.signaled,
+                inline: p.wr.inline,
+                solicited: p.wr.solicited,
+                fence: false,
+            };
+        }
+        doorbells += 1;
+        // The SGEs name memory owned by the operations' futures (or parked in the table once a
+        // future is dropped) until the core applies each request's completion (or its
+        // retirement by a later signaled completion);
+        // SAFETY: so it stays allocated, registered and unused locally meanwhile.
+        if let Err(e) = unsafe { qp.post_send(&wrs[..chunk.len()]) } {
+            let (bad, errno) = post_error(e);
+            return (doorbells, Err((c * CHAIN + bad, errno)));
+        }
+    }
+    (doorbells, Ok(()))
+}
+
+fn post_recvs(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i32)>) {
+    let mut doorbells = 0;
+    for (c, chunk) in items.chunks(CHAIN).enumerate() {
+        let mut wrs = [const { RecvWr::EMPTY }; CHAIN];
+        for (w, p) in wrs.iter_mut().zip(chunk) {
+            *w = RecvWr::new(p.wr_id, p.wr.sges.as_slice());
+        }
+        doorbells += 1;
+        // SAFETY: as in `post_sends`: the receive buffers stay with their futures (or parked)
+        // until the receive completes.
+        if let Err(e) = unsafe { qp.post_recv(&wrs[..chunk.len()]) } {
+            let (bad, errno) = post_error(e);
+            return (doorbells, Err((c * CHAIN + bad, errno)));
+        }
+    }
+    (doorbells, Ok(()))
+}
+
+fn post_error(e: Error) -> (usize, i32) {
+    warn!(error = %e, "posting work requests failed");
+    let errno = e.raw_os_error().unwrap_or(libc::EIO);
+    match e {
+        Error::PostSend { bad_index, .. } | Error::PostRecv { bad_index, .. } => (bad_index, errno),
+        _ => (0, errno),
+    }
+}

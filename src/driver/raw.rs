@@ -1,0 +1,187 @@
+//! [`RawOp`]: the one future behind every queue-pair operation (the typed futures in
+//! [`ops`](crate::ops) wrap it).
+//!
+//! * **Post on first poll**: constructing it does nothing; a future never polled posts nothing.
+//! * **The buffers stay in the future** while the device uses them; only if the future is
+//!   dropped before the completion do they move into the operation table (one allocation, on
+//!   that path only), to be released when the completion arrives. So dropping (or forgetting)
+//!   the future never frees memory the device may still touch.
+//! * **Completions polled in place**: a waiting future polls the CQ itself, completing its own
+//!   operation and any others it finds (their wakers are woken after the lock is released),
+//!   then spins or sleeps as the completion mode says (see `wait.rs`).
+//! * **Coalescing** ([`QpOptions::coalesce`](super::QpOptions::coalesce)): the first poll queues
+//!   the request and yields once, so requests started in the same wake go in one doorbell.
+//! * **Backpressure**: a full send queue makes the future wait; it is not an error.
+//! * **No allocation** in steady state: the request (with up to
+//!   [`INLINE_SGES`](crate::core::INLINE_SGES) entries) sits in the future or its table slot,
+//!   work requests are built on the stack, wakers are collected in a fixed array.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use super::post;
+use super::shared::{Deferred, Payload, Shared};
+use super::wait::{WaitKind, Waiter};
+use crate::core::{OpInfo, QpKey, WorkRequest};
+use crate::error::{Error, Result};
+use crate::verbs::QpCaps;
+
+/// What every operation of one queue pair needs to know.
+#[derive(Debug, Clone)]
+pub(crate) struct OpConfig {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) qp: QpKey,
+    pub(crate) caps: QpCaps,
+    pub(crate) coalesce: bool,
+    pub(crate) inline: bool,
+}
+
+#[derive(Debug)]
+enum RawState<B> {
+    /// Not polled yet: nothing is posted.
+    Init { buf: B, wr: WorkRequest },
+    /// Rejected before posting; reported on first poll.
+    Invalid { buf: B, err: Error },
+    /// Queued or posted. `flushed`: this future already asked for a post.
+    InTable { wr_id: u64, buf: B, flushed: bool },
+    /// Resolved.
+    Done,
+}
+
+/// The engine shared by all operation futures.
+#[derive(Debug)]
+pub(crate) struct RawOp<B: Send + 'static> {
+    cfg: OpConfig,
+    state: RawState<B>,
+    waiter: Waiter,
+    kind: WaitKind,
+}
+
+impl<B: Send + 'static> RawOp<B> {
+    pub(crate) fn new(cfg: &OpConfig, buf: B, wr: Result<WorkRequest>) -> RawOp<B> {
+        let kind = match &wr {
+            Ok(wr) if wr.queue == crate::core::Queue::Recv => WaitKind::Recv,
+            _ => WaitKind::Send,
+        };
+        let state = match wr {
+            Ok(wr) => RawState::Init { buf, wr },
+            Err(err) => RawState::Invalid { buf, err },
+        };
+        RawOp {
+            cfg: cfg.clone(),
+            state,
+            waiter: Waiter::default(),
+            kind,
+        }
+    }
+
+    /// Drives the operation; on completion returns its outcome and the buffers.
+    pub(crate) fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<(Result<OpInfo>, B)> {
+        let RawOp {
+            cfg,
+            state,
+            waiter,
+            kind,
+        } = self;
+        let shared: &Shared = &cfg.shared;
+        let mut wake = Deferred::default();
+        let (wr_id, buf, flushed) = match std::mem::replace(state, RawState::Done) {
+            RawState::Done => panic!("operation future polled after completion"),
+            RawState::Invalid { buf, err } => return Poll::Ready((Err(err), buf)),
+            RawState::Init { buf, wr } => {
+                let mut st = shared.lock();
+                let wr_id = match st.core.submit_unparked(cfg.qp, wr) {
+                    Ok(sub) => sub.wr_id,
+                    Err(err) => return Poll::Ready((Err(err), buf)),
+                };
+                waiter.start();
+                if cfg.coalesce {
+                    // Yield once so that siblings started in this wake queue up too; the next
+                    // poll posts them all with one doorbell.
+                    *state = RawState::InTable {
+                        wr_id,
+                        buf,
+                        flushed: false,
+                    };
+                    drop(st);
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                post::post(&mut st, shared, cfg.qp);
+                wake.take_from(&mut st.out);
+                (wr_id, buf, true)
+            }
+            RawState::InTable {
+                wr_id,
+                buf,
+                flushed,
+            } => (wr_id, buf, flushed),
+        };
+        let mut st = shared.lock();
+        if !flushed {
+            post::post(&mut st, shared, cfg.qp);
+            wake.take_from(&mut st.out);
+        }
+        let mut res = st.core.poll_result(wr_id, None);
+        if res.is_pending() {
+            shared
+                .counters
+                .polled_in_place
+                .fetch_add(1, Ordering::Relaxed);
+            shared.poll_cq(&mut st, &mut wake);
+            res = st.core.poll_result(wr_id, None);
+        }
+        if let Poll::Ready(outcome) = res {
+            drop(st);
+            wake.run();
+            waiter.done(shared, *kind);
+            return Poll::Ready((outcome, buf));
+        }
+        let spin = waiter.keep_spinning(shared, *kind);
+        if !spin {
+            // Sleep: the waker is registered under the lock, so a completion applied by anyone
+            // after this point wakes us.
+            let registered = st.core.poll_result(wr_id, Some(cx));
+            debug_assert!(registered.is_pending());
+        }
+        *state = RawState::InTable {
+            wr_id,
+            buf,
+            flushed: true,
+        };
+        drop(st);
+        wake.run();
+        if spin {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+}
+
+// The buffers are never pinned: their memory is stable (the `IoBuf` contract) and the handles
+// move freely.
+impl<B: Send + 'static> Unpin for RawOp<B> {}
+
+impl<B: Send + 'static> Drop for RawOp<B> {
+    fn drop(&mut self) {
+        let RawOp {
+            cfg, state, waiter, ..
+        } = self;
+        let shared: &Shared = &cfg.shared;
+        waiter.leave(shared);
+        if let RawState::InTable { wr_id, buf, .. } = std::mem::replace(state, RawState::Done) {
+            let mut buf = Some(buf);
+            shared.lock().core.cancel_with(wr_id, || {
+                Box::new(buf.take().expect("parked once")) as Payload
+            });
+            // Not parked (never posted, or already complete): dropped here, outside the lock.
+            drop(buf);
+        }
+    }
+}
+
+/// Checks a local length against a remote token and returns the remote address.
+pub(crate) fn check_remote(remote: &crate::buf::RemoteToken, len: u64) -> Result<u64> {
+    remote.check(0, len)
+}
