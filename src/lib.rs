@@ -30,9 +30,11 @@ pub mod buf;
 pub mod conn;
 pub mod core;
 pub mod driver;
+mod endpoint;
 mod error;
 pub mod ops;
 mod sys;
 pub mod verbs;
 
+pub use endpoint::{Endpoint, EndpointOptions};
 pub use error::{Error, ProtocolError, QpFailure, Result, WcStatus};

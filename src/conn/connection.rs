@@ -10,7 +10,8 @@ use std::time::Instant;
 use tracing::{Instrument, debug, info_span};
 
 use super::cm_async::AsyncChannel;
-use super::driver::{self, Posted};
+use super::driver;
+use super::io::{ConnIo, IoConfig};
 use super::handshake::{Flags, Negotiated};
 use super::options::ConnectOptions;
 use super::setup::{self, Prepared};
@@ -18,6 +19,7 @@ use super::shared::ConnShared;
 use super::stream::RdmaStream;
 use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess};
 use crate::core::conn::{ConnConfig, ConnCounters, ConnProto};
+use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::verbs::CmId;
 
@@ -80,7 +82,6 @@ pub struct ConnStats {
 /// A connection whose receives are posted, waiting for the CM handshake to complete.
 pub(crate) struct Starting {
     shared: Arc<ConnShared>,
-    posted: Posted,
     offered: Flags,
     user_pool_config: PoolConfig,
 }
@@ -111,11 +112,25 @@ impl Connection {
     ///
     /// As [`connect`](Self::connect).
     pub async fn connect_with(addr: SocketAddr, opts: ConnectOptions) -> Result<Connection> {
+        Connection::connect_on(None, addr, opts).await
+    }
+
+    /// Connects through `endpoint`, or (`None`) through an endpoint of its own on the device
+    /// `addr` resolves to.
+    pub(crate) async fn connect_on(
+        endpoint: Option<Endpoint>,
+        addr: SocketAddr,
+        opts: ConnectOptions,
+    ) -> Result<Connection> {
         let span = info_span!("conn", peer = %addr, side = "client");
         let timeout = opts.connect_timeout;
+        let choice = match endpoint {
+            Some(ep) => setup::EndpointChoice::Given(ep),
+            None => setup::EndpointChoice::Own,
+        };
         match tokio::time::timeout(
             timeout,
-            setup::connect(addr, opts, span.clone()).instrument(span),
+            setup::connect(choice, addr, opts, span.clone()).instrument(span),
         )
         .await
         {
@@ -143,27 +158,40 @@ impl Connection {
             keepalive: opts.keepalive,
             keepalive_timeout: opts.keepalive_timeout,
         };
+        let staging_count = negotiated.send_credits + 1;
         let staging = Pool::with_pd(
             &prepared.pd,
             setup::staging_pool_config(negotiated.max_send_size, negotiated.send_credits),
         )?;
-        let shared = Arc::new(ConnShared::new(
-            prepared.qp,
-            prepared.pd,
-            prepared.pool,
-            staging,
-            negotiated,
+        let qp = prepared.qp;
+        let io = Arc::new(ConnIo::new(
+            IoConfig {
+                qp: qp.verbs().clone(),
+                wr_base: qp.sink_wr_id(0),
+                pool: prepared.pool,
+                staging,
+                recv_size: negotiated.recv_buf_size as usize,
+                max_inline: qp.caps().max_inline_data as usize,
+                sq_budget: setup::SINK_SENDS,
+                staging_count,
+            },
             ConnProto::new(cfg, Instant::now()),
         ));
-        let mut posted = Posted::new();
-        let short = shared.with(|p| posted.post_due(&shared, p));
-        if let Some(e) = shared.lock().failure().cloned() {
+        qp.set_sink(io.clone());
+        // Posts the initial receives.
+        let short = io.with(|s| s.short);
+        if let Some(e) = io.lock().proto.failure().cloned() {
             return Err(Error::QpFailed(e));
         }
         debug_assert!(!short, "the private pool covers the initial receives");
+        let shared = Arc::new(ConnShared {
+            qp,
+            pd: prepared.pd,
+            params: negotiated,
+            io,
+        });
         Ok(Starting {
             shared,
-            posted,
             offered: opts.params.flags,
             user_pool_config: opts.user_pool.clone(),
         })
@@ -179,12 +207,11 @@ impl Connection {
     ) -> Connection {
         let Starting {
             shared,
-            posted,
             offered,
             user_pool_config,
         } = starting;
         let peer = id.peer_addr();
-        tokio::spawn(driver::run(shared.clone(), posted, id, events).instrument(span.clone()));
+        tokio::spawn(driver::run(shared.clone(), id, events).instrument(span.clone()));
         span.in_scope(|| debug!(negotiated = ?shared.params, "connection established"));
         Connection {
             shared,
@@ -257,14 +284,13 @@ impl Connection {
     /// Counters of this connection.
     pub fn stats(&self) -> ConnStats {
         let (protocol, held) = {
-            let p = self.shared.lock();
-            (p.counters(), p.held().0)
+            let s = self.shared.io.lock();
+            (s.proto.counters(), s.proto.held().0)
         };
         ConnStats {
             protocol,
             recv_bytes_held: held,
-            buffer_bytes_in_use: self.shared.pool.metrics().bytes_in_use
-                + self.shared.staging.metrics().bytes_in_use,
+            buffer_bytes_in_use: self.shared.io.buffer_bytes_in_use(),
         }
     }
 
@@ -275,7 +301,7 @@ impl Connection {
 
     /// The failure that ended this connection, if it failed (a clean close is not a failure).
     pub fn failure(&self) -> Option<crate::QpFailure> {
-        self.shared.lock().failure().cloned()
+        self.shared.io.lock().proto.failure().cloned()
     }
 
     /// Turns the connection into a byte stream (`AsyncRead + AsyncWrite`), for codecs.
@@ -296,8 +322,8 @@ impl Connection {
     ///
     /// Cancel safe: end of stream is sent once, whether or not this future is polled again.
     pub async fn shutdown(&self) -> Result<()> {
-        self.shared.with(|p| p.close());
-        std::future::poll_fn(|cx| self.shared.poll_with(cx, |p, cx| p.poll_close(cx))).await
+        self.shared.io.with(|s| s.proto.close());
+        self.wait_close().await
     }
 
     /// Closes the connection: end of stream after the messages already being sent,
@@ -312,9 +338,8 @@ impl Connection {
     ///
     /// Cancel safe: the close goes on in the background if the future is dropped.
     pub async fn close(&self) -> Result<()> {
-        self.shared.with(|p| p.close_full());
-        let res =
-            std::future::poll_fn(|cx| self.shared.poll_with(cx, |p, cx| p.poll_close(cx))).await;
+        self.shared.io.with(|s| s.proto.close_full());
+        let res = self.wait_close().await;
         // The driver disconnects and drains; wait for the queue pair to be flushed.
         let _ = self.shared.qp.close().instrument(self.span.clone()).await;
         match res {
@@ -330,7 +355,7 @@ impl Drop for Connection {
     fn drop(&mut self) {
         // The driver task closes (end of stream, disconnect, drain) in the background; it
         // never blocks here.
-        self.shared.with(|p| p.close_full());
+        self.shared.io.with(|s| s.proto.close_full());
     }
 }
 

@@ -14,6 +14,7 @@ use super::cm_async::AsyncChannel;
 use super::connection::Connection;
 use super::options::ConnectOptions;
 use super::setup;
+use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::verbs::{CmEvent, CmEventKind, CmId, EventChannel};
 
@@ -73,11 +74,24 @@ pub struct Listener {
 }
 
 /// What the listener handle and its tasks share.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     rejected: AtomicU64,
     pending: AtomicUsize,
     failure: Mutex<Failure>,
+    /// The endpoint(s) accepted connections go on.
+    endpoints: setup::EndpointChoice,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            rejected: AtomicU64::default(),
+            pending: AtomicUsize::default(),
+            failure: Mutex::default(),
+            endpoints: setup::EndpointChoice::PerDevice(Arc::default()),
+        }
+    }
 }
 
 /// The listener's own failure, reported by `accept` once the queue is drained.
@@ -180,6 +194,16 @@ impl Listener {
     ///
     /// Cancel safe.
     pub async fn bind_with(addr: SocketAddr, opts: ConnectOptions) -> Result<Listener> {
+        Listener::bind_on(None, addr, opts).await
+    }
+
+    /// Binds on `endpoint` (its device only), or (`None`) on an endpoint per device that
+    /// requests arrive on, opened on first use.
+    pub(crate) async fn bind_on(
+        endpoint: Option<Endpoint>,
+        addr: SocketAddr,
+        opts: ConnectOptions,
+    ) -> Result<Listener> {
         opts.params.validate()?;
         if opts.backlog == 0 {
             return Err(Error::InvalidArgument(
@@ -192,7 +216,11 @@ impl Listener {
         id.listen(i32::try_from(opts.backlog).unwrap_or(i32::MAX))?;
         let local_addr = id.local_addr();
         let (tx, rx) = mpsc::channel(opts.backlog);
-        let shared = Arc::new(Shared::default());
+        let mut shared = Shared::default();
+        if let Some(ep) = endpoint {
+            shared.endpoints = setup::EndpointChoice::Given(ep);
+        }
+        let shared = Arc::new(shared);
         let span = info_span!("listener", addr = ?local_addr);
         let task =
             tokio::spawn(run(events, id, Arc::new(opts), tx, shared.clone()).instrument(span));
@@ -366,6 +394,7 @@ fn on_event(
                 &private_data,
                 request,
                 &opts,
+                &shared.endpoints,
                 tracing::Span::current(),
             );
             let result = match tokio::time::timeout(timeout, setup).await {

@@ -1,18 +1,15 @@
 //! Messages on a [`Connection`]: `send` hands the state machine's chunks to the queue pair,
-//! `recv` takes delivered messages from it.
+//! `recv` takes delivered messages from it; both poll the completion queue in place while
+//! they wait.
 
-use std::future::Future;
 use std::task::{Context, Poll};
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
-
 use super::connection::Connection;
-use super::driver::submit;
+use super::io::ConnState;
 use super::shared::Message;
 use crate::buf::PoolBuf;
-use crate::error::Result;
-use crate::ops::Send;
+use crate::driver::{WaitKind, Waiter};
+use crate::error::{Error, QpFailure, Result};
 
 /// Cancels the message in the state machine if the send is dropped before handing out its
 /// last chunk (the peer then gets an abort and drops the partial message).
@@ -26,16 +23,19 @@ impl Drop for SendGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             let id = self.id;
-            self.conn.shared.with(|p| p.cancel_send(id));
+            self.conn.shared.io.with(|s| s.proto.cancel_send(id));
         }
     }
 }
 
 impl Connection {
-    /// Sends one message (copied into the connection's registered buffers; a message larger
-    /// than the peer's receive buffers goes as several chunks). Waits for its turn (messages
-    /// go out whole, one at a time, in the order their sends started), for credits and
-    /// buffers (backpressure), and for the completion of every chunk.
+    /// Sends one message: a small one inline in the work request, a larger one copied into the
+    /// connection's registered staging buffers (a message larger than the peer's receive
+    /// buffers goes as several chunks). Waits for its turn (messages go out whole, one at a
+    /// time, in the order their sends started), for credits and buffers (backpressure), and
+    /// resolves once its last chunk is handed to the device: `msg` may then be reused.
+    /// Delivery failures after that fail the connection (the next operation reports them),
+    /// as with a socket's `write`.
     ///
     /// # Errors
     ///
@@ -51,68 +51,54 @@ impl Connection {
     /// the last chunk went out, the message is delivered whole. The connection stays usable
     /// in every case.
     pub async fn send(&self, msg: &[u8]) -> Result<()> {
-        let id = self.shared.with(|p| p.start_send(msg.len() as u64))?;
+        let io = &self.shared.io;
+        let id = io.with(|s| s.proto.start_send(msg.len() as u64))?;
         let mut guard = SendGuard {
             conn: self,
             id,
             armed: true,
         };
         let chunk_size = self.shared.params.max_send_size as usize;
-        let mut inflight: FuturesUnordered<Send<PoolBuf>> = FuturesUnordered::new();
+        let mut wait = Progress::new(self);
         let mut staging: Option<PoolBuf> = None;
+        let mut offset = 0usize;
         loop {
-            if staging.is_none() {
+            let len = (msg.len() - offset).min(chunk_size);
+            if len > io.max_inline() && staging.is_none() {
                 // Only the message whose turn it is takes a staging buffer.
-                drive(
-                    self,
-                    &mut inflight,
-                    std::future::poll_fn(|cx| {
-                        self.shared.poll_with(cx, |p, cx| p.poll_turn(id, cx))
-                    }),
-                )
+                wait.run(|s, cx| s.proto.poll_turn(id, cx)).await?;
+                staging = Some(match io.staging().try_acquire(chunk_size)? {
+                    Some(b) => b,
+                    None => io.staging().acquire(chunk_size).await?,
+                });
+            }
+            let last = wait
+                .run(|s, cx| {
+                    if !io.sq_ready(s, cx.waker()) {
+                        return Poll::Pending;
+                    }
+                    let chunk = match s.proto.poll_chunk(id, cx) {
+                        Poll::Ready(Ok(c)) => c,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    };
+                    // Posted under the lock: the wire order is the hand-out order.
+                    if io.post_chunk(s, chunk, msg, &mut staging) {
+                        Poll::Ready(Ok(chunk.last))
+                    } else {
+                        Poll::Ready(Err(Error::QpFailed(
+                            s.proto.failure().cloned().unwrap_or(QpFailure::Flushed),
+                        )))
+                    }
+                })
                 .await?;
-                let buf =
-                    drive(self, &mut inflight, self.shared.staging.acquire(chunk_size)).await?;
-                staging = Some(buf);
-            }
-            let (op, last) = drive(
-                self,
-                &mut inflight,
-                std::future::poll_fn(|cx| {
-                    self.shared.poll_with(cx, |p, cx| {
-                        let chunk = match p.poll_chunk(id, cx) {
-                            Poll::Ready(Ok(c)) => c,
-                            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                            Poll::Pending => return Poll::Pending,
-                        };
-                        let mut buf = staging.take().expect("acquired above");
-                        let start = chunk.offset as usize;
-                        let len = chunk.len as usize;
-                        buf.set_len(len);
-                        buf.copy_from_slice(&msg[start..start + len]);
-                        // Submitted under the lock: the wire order is the hand-out order.
-                        let mut op = self.shared.qp.send_with_imm(buf, chunk.imm);
-                        match submit(&mut op) {
-                            Some((res, _)) => Poll::Ready(res.map(|()| (None, chunk.last))),
-                            None => Poll::Ready(Ok((Some(op), chunk.last))),
-                        }
-                    })
-                }),
-            )
-            .await?;
-            if let Some(op) = op {
-                inflight.push(op);
-            }
+            offset += len;
             if last {
                 break;
             }
         }
-        // Every chunk is on the wire: the message is whole whatever happens to this future.
+        // Every chunk is on the device: the message is whole whatever happens to this future.
         guard.armed = false;
-        while let Some((res, _buf)) = inflight.next().await {
-            res?;
-            self.heard();
-        }
         Ok(())
     }
 
@@ -132,44 +118,65 @@ impl Connection {
     /// Cancel safe: a message leaves the connection only when this returns it; any number of
     /// tasks may wait at once.
     pub async fn recv(&self) -> Result<Option<Message>> {
-        let d =
-            std::future::poll_fn(|cx| self.shared.poll_with(cx, |p, cx| p.poll_recv(cx))).await?;
-        Ok(d.map(|d| Message::new(d, self.shared.clone())))
+        let d = Progress::new(self)
+            .run(|s, cx| s.proto.poll_recv(cx))
+            .await?;
+        Ok(d.map(|d| Message::new(d, self.shared.io.clone())))
     }
 }
 
-/// Awaits `fut` while also driving the in-flight chunk sends (their completions free
-/// buffers). A failed chunk fails the whole message.
-async fn drive<F, T>(
-    conn: &Connection,
-    inflight: &mut FuturesUnordered<Send<PoolBuf>>,
-    fut: F,
-) -> Result<T>
-where
-    F: Future<Output = Result<T>>,
-{
-    let mut fut = std::pin::pin!(fut);
-    std::future::poll_fn(|cx: &mut Context<'_>| {
-        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
-            return Poll::Ready(v);
-        }
-        let mut heard = false;
-        while let Poll::Ready(Some((res, _buf))) = inflight.poll_next_unpin(cx) {
-            res?;
-            heard = true;
-        }
-        if heard {
-            conn.heard();
-        }
-        Poll::Pending
-    })
-    .await
+impl Connection {
+    /// Waits until end of stream was sent and acknowledged (or the connection failed).
+    pub(super) async fn wait_close(&self) -> Result<()> {
+        Progress::new(self)
+            .run(|s, cx| s.proto.poll_close(cx))
+            .await
+    }
 }
 
-impl Connection {
-    /// A chunk's send completed: the peer is alive (its keepalive deadline starts over).
-    fn heard(&self) {
-        let now = std::time::Instant::now();
-        self.shared.with(|p| p.heard(now));
+/// Waits on the connection's state with completions polled in place: each poll first looks at
+/// the state, then polls the completion queue itself (the connection's completions go straight
+/// into its state machine) and looks again, then spins or sleeps as the endpoint's completion
+/// mode says. No task sits between a completion and the future that waits for it.
+struct Progress<'a> {
+    conn: &'a Connection,
+    waiter: Waiter,
+}
+
+impl<'a> Progress<'a> {
+    fn new(conn: &'a Connection) -> Progress<'a> {
+        let mut waiter = Waiter::default();
+        waiter.start();
+        Progress { conn, waiter }
+    }
+
+    async fn run<T>(
+        &mut self,
+        mut f: impl FnMut(&mut ConnState, &mut Context<'_>) -> Poll<Result<T>>,
+    ) -> Result<T> {
+        std::future::poll_fn(|cx| {
+            let conn = &self.conn.shared;
+            if let Poll::Ready(v) = conn.io.with(|s| f(s, cx)) {
+                self.waiter.done(conn.qp.shared(), WaitKind::Recv);
+                return Poll::Ready(v);
+            }
+            if conn.qp.poll_completions() > 0 {
+                if let Poll::Ready(v) = conn.io.with(|s| f(s, cx)) {
+                    self.waiter.done(conn.qp.shared(), WaitKind::Recv);
+                    return Poll::Ready(v);
+                }
+            }
+            if self.waiter.keep_spinning(conn.qp.shared(), WaitKind::Recv) {
+                cx.waker().wake_by_ref();
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+impl Drop for Progress<'_> {
+    fn drop(&mut self) {
+        self.waiter.leave(self.conn.shared.qp.shared());
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::handshake::{Flags, Params};
 use crate::buf::{PoolConfig, SizeClass};
-use crate::driver::{CompletionMode, DriverOptions};
+use crate::driver::CompletionMode;
 
 /// Options of [`Connection::connect_with`](super::Connection::connect_with) and
 /// [`Listener::bind_with`](super::Listener::bind_with).
@@ -29,10 +29,14 @@ pub struct ConnectOptions {
     /// What this side announces in the handshake (receive credits and buffer size, inline
     /// limit, message size limit, features).
     pub params: Params,
-    /// Send-queue depth of the queue pair (sends in flight plus one-sided operations).
+    /// Send-queue depth for one-sided operations (message sends have a share of their own).
     pub send_queue_depth: u32,
-    /// How the device's completion task waits (used when the device's driver is created).
-    pub completion_mode: CompletionMode,
+    /// How waiting futures wait. It belongs to the endpoint: the shorthands
+    /// ([`Connection::connect_with`](super::Connection::connect_with),
+    /// [`Listener::bind_with`](super::Listener::bind_with)) open their endpoint with it;
+    /// through an [`Endpoint`](crate::Endpoint), a mode other than the endpoint's is refused.
+    /// `None` (the default): the endpoint's mode, adaptive for the shorthands.
+    pub completion_mode: Option<CompletionMode>,
     /// Client side: the limit for the whole of [`Connection::connect`](super::Connection::connect)
     /// (address and route resolution, the handshake, establishing the connection).
     pub connect_timeout: Duration,
@@ -82,7 +86,7 @@ impl Default for ConnectOptions {
                 ..Params::default()
             },
             send_queue_depth: 128,
-            completion_mode: CompletionMode::default(),
+            completion_mode: None,
             connect_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
             backlog: 128,
@@ -176,7 +180,7 @@ impl ConnectOptions {
 
     /// Sets the completion mode.
     pub fn completion_mode(mut self, mode: CompletionMode) -> Self {
-        self.completion_mode = mode;
+        self.completion_mode = Some(mode);
         self
     }
 
@@ -209,9 +213,5 @@ impl ConnectOptions {
             self.params.flags.bits() & !flag.bits()
         };
         self.params.flags = Flags::from_bits(bits).expect("known bits");
-    }
-
-    pub(crate) fn driver_options(&self) -> DriverOptions {
-        DriverOptions::default().mode(self.completion_mode)
     }
 }

@@ -3,16 +3,16 @@
 //! the connection; setup hands it the prepared queue pair, then the established CM id.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::cm_async::AsyncChannel;
 use super::connection::{Connection, Starting};
 use super::handshake::{self, Flags, Params};
 use super::options::ConnectOptions;
-use super::registry;
 use crate::buf::{Pool, PoolConfig, SizeClass};
 use crate::core::conn::CONTROL_RECVS;
 use crate::driver::{AsyncQp, QpOptions};
+use crate::endpoint::{Endpoint, EndpointOptions};
 use crate::error::{Error, Result};
 use crate::verbs::{
     AccessFlags, CmEventKind, CmId, ConnParam, Context, EventChannel, PeerConnParam,
@@ -26,6 +26,10 @@ use tracing::warn;
 /// RNR NAKs, so the transport retries (`retry_count`) and the keepalive timeout apply.
 const RNR_RETRY: u8 = 7;
 
+/// Send-queue entries for the connection's message sends (data chunks and control messages,
+/// until retired by a signaled completion): room for two windows of the default 64 credits.
+pub(crate) const SINK_SENDS: u32 = 2 * 64 + 2 * CONTROL_RECVS;
+
 /// Everything set up before the handshake completes.
 #[derive(Debug)]
 pub(crate) struct Prepared {
@@ -38,11 +42,90 @@ pub(crate) struct Prepared {
     pub(crate) pool: Pool,
 }
 
+/// Where a connection's endpoint (completion queue, driver) comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum EndpointChoice {
+    /// The one the user opened: the id must be on its device, and a completion mode in the
+    /// options must be the endpoint's.
+    Given(Endpoint),
+    /// A listener's: one endpoint per device requests arrive on, opened on first use with the
+    /// completion mode of the options.
+    PerDevice(Arc<Mutex<Vec<Endpoint>>>),
+    /// A shorthand client's: an endpoint of its own, with the options' completion mode.
+    Own,
+}
+
+impl EndpointChoice {
+    /// The endpoint for a connection on `id`'s device.
+    pub(crate) fn endpoint_for(&self, id: &CmId, opts: &ConnectOptions) -> Result<Endpoint> {
+        let ctx = Context::from_cm_id(id)?;
+        let mode = opts.completion_mode.unwrap_or_default();
+        let implicit = |cq_size: Option<u32>| {
+            let mut o = EndpointOptions::default().completion_mode(mode);
+            o.cq_size = cq_size;
+            Endpoint::on_context(ctx.clone(), o)
+        };
+        match self {
+            EndpointChoice::Given(ep) => {
+                if !ep.owns(&ctx) {
+                    return Err(Error::InvalidArgument(format!(
+                        "the address is reached through device {}, not through the endpoint's                          device {}",
+                        ctx.name(),
+                        ep.device_name()
+                    )));
+                }
+                match opts.completion_mode {
+                    Some(m) if m != ep.options().completion_mode => {
+                        Err(Error::InvalidArgument(format!(
+                            "ConnectOptions::completion_mode {m:?} differs from the endpoint's                              {:?}: the mode belongs to the endpoint (EndpointOptions)",
+                            ep.options().completion_mode
+                        )))
+                    }
+                    _ => Ok(ep.clone()),
+                }
+            }
+            EndpointChoice::PerDevice(list) => {
+                let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(ep) = list.iter().find(|ep| ep.owns(&ctx)) {
+                    return Ok(ep.clone());
+                }
+                // Many connections: the device's largest completion queue.
+                let ep = implicit(None)?;
+                list.push(ep.clone());
+                Ok(ep)
+            }
+            // One connection: a completion queue its size.
+            EndpointChoice::Own => implicit(Some(
+                (queue_entries(opts).next_multiple_of(256)).min(ctx.device_attr().max_cqe),
+            )),
+        }
+    }
+}
+
+/// Completion queue entries one connection with `opts` may use: its send and receive queues.
+fn queue_entries(opts: &ConnectOptions) -> u32 {
+    send_depth(opts) + recv_depth(opts)
+}
+
+fn send_depth(opts: &ConnectOptions) -> u32 {
+    // One-sided operations (the driver's table), plus the connection's own message sends.
+    opts.send_queue_depth.max(2) + SINK_SENDS
+}
+
+fn recv_depth(opts: &ConnectOptions) -> u32 {
+    opts.params.recv_credits + CONTROL_RECVS + 1
+}
+
 /// Creates the connection's protection domain, its queue pair (in INIT) and its pool on the
-/// id's device.
-pub(crate) fn prepare(id: &CmId, opts: &ConnectOptions) -> Result<Prepared> {
-    let ctx = Context::from_cm_id(id)?;
-    let driver = registry::driver_for(&ctx, &opts.driver_options())?;
+/// id's device, on the endpoint `choice` names.
+pub(crate) fn prepare(
+    id: &CmId,
+    opts: &ConnectOptions,
+    choice: &EndpointChoice,
+) -> Result<Prepared> {
+    let endpoint = choice.endpoint_for(id, opts)?;
+    let driver = endpoint.driver();
+    let ctx = endpoint.context().clone();
     let pd = ProtectionDomain::new(&ctx)?;
     let p = &opts.params;
     if opts.retry_count > 6 {
@@ -52,8 +135,8 @@ pub(crate) fn prepare(id: &CmId, opts: &ConnectOptions) -> Result<Prepared> {
         )));
     }
     let caps = QpCaps {
-        max_send_wr: opts.send_queue_depth.max(2),
-        max_recv_wr: p.recv_credits + CONTROL_RECVS + 1,
+        max_send_wr: send_depth(opts),
+        max_recv_wr: recv_depth(opts),
         max_send_sge: 2,
         max_recv_sge: 1,
         max_inline_data: p.max_inline,
@@ -64,6 +147,7 @@ pub(crate) fn prepare(id: &CmId, opts: &ConnectOptions) -> Result<Prepared> {
         // The connection submits under its state machine's lock to keep the wire order:
         // every operation posts on its first poll.
         coalesce: false,
+        sink_sends: SINK_SENDS,
         ..QpOptions::default()
     };
     let qp = driver.create_qp(&pd, qopts)?;
@@ -106,6 +190,7 @@ pub(crate) fn staging_pool_config(chunk: u32, send_credits: u32) -> PoolConfig {
 /// frees what it made: the CM id (destroyed: a request already sent is rejected towards the
 /// server, whose pending setup then ends), the queue pair, the protection domain and the pool.
 pub(crate) async fn connect(
+    choice: EndpointChoice,
     addr: SocketAddr,
     opts: ConnectOptions,
     span: tracing::Span,
@@ -130,7 +215,7 @@ pub(crate) async fn connect(
     channel
         .expect(CmEventKind::RouteResolved, opts.connect_timeout)
         .await?;
-    let prepared = prepare(&id, &opts)?;
+    let prepared = prepare(&id, &opts, &choice)?;
     let mut param = ConnParam::new(prepared.qp.verbs()).private_data(&hs);
     param.retry_count = opts.retry_count;
     param.rnr_retry_count = RNR_RETRY;
@@ -185,6 +270,7 @@ pub(crate) async fn accept(
     private_data: &[u8],
     request: Option<PeerConnParam>,
     opts: &ConnectOptions,
+    choice: &EndpointChoice,
     span: tracing::Span,
 ) -> Result<Connection> {
     let local: Params = opts.params;
@@ -200,7 +286,7 @@ pub(crate) async fn accept(
     if let Some(t) = opts.ack_timeout {
         id.set_ack_timeout(t).map_err(|e| reject(&id, e))?;
     }
-    let prepared = prepare(&id, opts).map_err(|e| reject(&id, e))?;
+    let prepared = prepare(&id, opts, choice).map_err(|e| reject(&id, e))?;
     // `prepare` moved the queue pair to INIT; RTR with the parameters of the request.
     id.modify_qp(prepared.qp.verbs(), QpState::Rtr)
         .map_err(|e| reject(&id, e))?;

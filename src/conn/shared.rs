@@ -1,112 +1,28 @@
 //! What a connection's handle, its driver task, its messages and its byte stream share: the
-//! queue pair, the private buffer pool, and the protocol state machine behind one lock.
+//! queue pair (for one-sided operations), the protection domain, the negotiated parameters,
+//! and the message I/O ([`ConnIo`], which owns the protocol state machine).
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
 
 use super::handshake::Negotiated;
-use crate::buf::{Pool, PoolBuf};
-use crate::core::conn::{ConnProto, Delivery};
+use super::io::ConnIo;
+use crate::buf::PoolBuf;
+use crate::core::conn::Delivery;
 use crate::driver::AsyncQp;
 use crate::verbs::ProtectionDomain;
-
-/// The state machine over the connection's receive buffers.
-pub(crate) type Proto = ConnProto<PoolBuf>;
 
 #[derive(Debug)]
 pub(crate) struct ConnShared {
     pub(crate) qp: AsyncQp,
     /// The connection's own protection domain (its queue pair, pools and grants live here).
     pub(crate) pd: ProtectionDomain,
-    /// The connection's private message buffers: receives and send staging. Never handed to
-    /// the application except inside a received [`Message`], and sized so the protocol can
-    /// always post what its credits promise.
-    pub(crate) pool: Pool,
-    /// Send staging buffers: one per data credit, each as large as a chunk.
-    pub(crate) staging: Pool,
     pub(crate) params: Negotiated,
-    proto: Mutex<Proto>,
-    /// Wakes the driver task: receives to post, control messages to send, a new deadline.
-    pub(crate) kick: Notify,
-}
-
-impl ConnShared {
-    pub(crate) fn new(
-        qp: AsyncQp,
-        pd: ProtectionDomain,
-        pool: Pool,
-        staging: Pool,
-        params: Negotiated,
-        proto: Proto,
-    ) -> ConnShared {
-        ConnShared {
-            qp,
-            pd,
-            pool,
-            staging,
-            params,
-            proto: Mutex::new(proto),
-            kick: Notify::new(),
-        }
-    }
-
-    /// The state machine, locked. Prefer [`with`](Self::with), which wakes what it asks for.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Proto> {
-        // The state machine has no invariant a panic elsewhere could half-apply.
-        self.proto.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Runs `f` on the state machine, then (outside the lock) wakes the tasks it woke and
-    /// kicks the driver if it has new work.
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Proto) -> R) -> R {
-        let mut wakers = Vec::new();
-        let (r, kick) = {
-            let mut p = self.lock();
-            let r = f(&mut p);
-            wakers.extend(p.take_wakers());
-            (r, p.take_driver_kick())
-        };
-        for w in wakers {
-            w.wake();
-        }
-        if kick {
-            self.kick.notify_one();
-        }
-        r
-    }
-
-    /// [`with`](Self::with) for the driver task itself: it does all pending work on every
-    /// round, so the state machine's "new work" flag is cleared instead of waking the driver
-    /// again (which would spin it while work is due but blocked, e.g. on the peer's
-    /// confirmation).
-    pub(crate) fn with_driver<R>(&self, f: impl FnOnce(&mut Proto) -> R) -> R {
-        let mut wakers = Vec::new();
-        let r = {
-            let mut p = self.lock();
-            let r = f(&mut p);
-            wakers.extend(p.take_wakers());
-            let _ = p.take_driver_kick();
-            r
-        };
-        for w in wakers {
-            w.wake();
-        }
-        r
-    }
-
-    /// Polls `f` with the state machine (see [`with`](Self::with)).
-    pub(crate) fn poll_with<T>(
-        &self,
-        cx: &mut Context<'_>,
-        f: impl FnOnce(&mut Proto, &mut Context<'_>) -> Poll<T>,
-    ) -> Poll<T> {
-        self.with(|p| f(p, cx))
-    }
+    /// Messages: the state machine, the posted receives and sends.
+    pub(crate) io: Arc<ConnIo>,
 }
 
 /// A received message: the bytes, in the connection's receive buffer (a single-chunk message,
@@ -130,11 +46,11 @@ impl ConnShared {
 /// ```
 pub struct Message {
     delivery: Option<Delivery<PoolBuf>>,
-    conn: Arc<ConnShared>,
+    conn: Arc<ConnIo>,
 }
 
 impl Message {
-    pub(crate) fn new(delivery: Delivery<PoolBuf>, conn: Arc<ConnShared>) -> Message {
+    pub(crate) fn new(delivery: Delivery<PoolBuf>, conn: Arc<ConnIo>) -> Message {
         Message {
             delivery: Some(delivery),
             conn,
@@ -175,7 +91,8 @@ impl Drop for Message {
             let (buffer, len) = (d.holds_buffer(), d.len());
             // The receive buffer goes back to the pool first, so the driver can re-post it.
             drop(d);
-            self.conn.with(|p| p.consumed(buffer, len));
+            // Re-posts the receive and returns credits right here if due (no task in between).
+            self.conn.with(|s| s.proto.consumed(buffer, len));
         }
     }
 }

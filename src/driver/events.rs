@@ -1,7 +1,7 @@
 //! The async-event task: surfaces `IBV_EVENT_QP_FATAL`, port errors and device loss to the
 //! affected queue pairs, whose operations then resolve with [`QpFailure::AsyncEvent`].
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Weak};
 
 use tokio::io::Interest;
@@ -13,12 +13,14 @@ use crate::core::QpKey;
 use crate::error::QpFailure;
 use crate::verbs::{AsyncEvent, Context, EventElement};
 
-/// Keeps the device context (and so its async-event descriptor) open while registered.
-struct EventFd(Context);
+/// A duplicate of the context's async-event descriptor, registered with the reactor (several
+/// endpoints on one device each register their own duplicate; the reactor refuses the same
+/// descriptor twice). The context handle keeps the original open.
+struct EventFd(#[allow(dead_code)] Context, OwnedFd);
 
 impl AsRawFd for EventFd {
     fn as_raw_fd(&self) -> RawFd {
-        self.0.async_fd().as_raw_fd()
+        self.1.as_raw_fd()
     }
 }
 
@@ -27,10 +29,17 @@ pub(crate) async fn run(ctx: Context, shared: Weak<Shared>) {
         error!(error = %e, "async events unavailable");
         return;
     }
-    // SAFETY: `EventFd` owns a context handle, so the descriptor stays open and the same for
-    // the whole life of the AsyncFd.
+    let dup = match ctx.async_fd().try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => {
+            error!(error = %e, "cannot duplicate the async event descriptor");
+            return;
+        }
+    };
+    // SAFETY: `EventFd` owns the duplicate descriptor, so it stays open and the same for the
+    // whole life of the AsyncFd.
     let afd = match unsafe {
-        AsyncFd::register_with_interest(EventFd(ctx.clone()), Interest::READABLE)
+        AsyncFd::register_with_interest(EventFd(ctx.clone(), dup), Interest::READABLE)
     } {
         Ok(afd) => afd,
         Err(e) => {

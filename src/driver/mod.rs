@@ -33,7 +33,7 @@ use tracing::debug;
 
 pub use qp::AsyncQp;
 pub(crate) use raw::{OpConfig, RawOp, check_remote};
-pub(crate) use shared::{Deferred, Shared, Sink, sink_wr_id};
+pub(crate) use shared::{Deferred, Shared, Sink};
 pub(crate) use wait::{WaitKind, Waiter};
 
 use crate::error::{Error, Result};
@@ -103,6 +103,12 @@ impl DriverOptions {
         self.cq_size = n;
         self
     }
+
+    /// Sets how many completions one poll takes.
+    pub fn poll_batch(mut self, n: usize) -> Self {
+        self.poll_batch = n;
+        self
+    }
 }
 
 /// Options of an [`AsyncQp`].
@@ -119,6 +125,9 @@ pub struct QpOptions {
     pub coalesce: bool,
     /// Send payloads up to the queue pair's `max_inline_data` inline.
     pub inline: bool,
+    /// Send-queue entries the owner posts itself (a connection's message sends), kept out of
+    /// the operation table's depth.
+    pub(crate) sink_sends: u32,
 }
 
 impl Default for QpOptions {
@@ -134,6 +143,7 @@ impl Default for QpOptions {
             signal_every: 16,
             coalesce: true,
             inline: true,
+            sink_sends: 0,
         }
     }
 }

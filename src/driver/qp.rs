@@ -44,7 +44,10 @@ impl AsyncQp {
         let key = {
             let mut st = driver.shared().lock();
             let key = st.core.add_qp(QpConfig::new(
-                opts.caps.max_send_wr.min(caps.max_send_wr),
+                opts.caps
+                    .max_send_wr
+                    .min(caps.max_send_wr)
+                    .saturating_sub(opts.sink_sends),
                 opts.caps.max_recv_wr.min(caps.max_recv_wr),
                 opts.signal_every,
             ));

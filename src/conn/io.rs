@@ -1,0 +1,455 @@
+//! [`ConnIo`]: the connection's message I/O, with no task in between. It owns the protocol
+//! state machine (behind the connection's one lock), the receives and message sends posted on
+//! the queue pair, and it is the queue pair's completion [`Sink`]: whoever polls the
+//! completion queue (the application's own `recv` or `send` while it waits, or the driver's
+//! completion task) hands it the connection's completions, which go straight into the state
+//! machine. What the state machine then asks for (receives to re-post, credit returns and
+//! other control messages) is posted right there ([`ConnState::pump`]), in the same call.
+//!
+//! Posting happens under the lock, directly on the queue pair (never through the driver's
+//! lock, which may be held by the caller of [`Sink::on_completion`]): the wire order is the
+//! order the state machine hands chunks out.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
+use std::task::Waker;
+use std::time::Instant;
+
+use tokio::sync::Notify;
+use tracing::{trace, warn};
+
+use crate::buf::{Pool, PoolBuf};
+use crate::core::conn::{Chunk, ConnProto};
+use crate::core::{Cqe, MsgKind};
+use crate::driver::{Deferred, Sink};
+use crate::error::{QpFailure, WcStatus};
+use crate::verbs::{QueuePair, RecvWr, SendOp, SendWr};
+
+/// The state machine over the connection's receive buffers.
+pub(crate) type Proto = ConnProto<PoolBuf>;
+
+/// Low half of a sink `wr_id`: this bit marks a send, the rest is a sequence number.
+const SEND_BIT: u32 = 1 << 31;
+
+/// A send on the device, until its completion (or a later signaled one) retires it.
+#[derive(Debug)]
+enum Sent {
+    /// A data chunk; its staging buffer (none when sent inline) is free once retired.
+    Data(Option<PoolBuf>),
+    /// A control message, reported to the state machine when retired.
+    Control(MsgKind),
+}
+
+/// Everything behind the connection's lock.
+#[derive(Debug)]
+pub(crate) struct ConnState {
+    pub(crate) proto: Proto,
+    /// Receives on the device, in posting order (their completions come in that order).
+    recvs: VecDeque<PoolBuf>,
+    next_recv: u32,
+    /// Sends on the device, in posting order, with their sequence numbers.
+    sends: VecDeque<(u32, Sent)>,
+    next_send: u32,
+    /// Sends posted since the last signaled one.
+    unsignaled: u32,
+    /// Staging buffers held by unsignaled sends.
+    staged_unsignaled: u32,
+    /// Tasks waiting for room in the send queue.
+    sq_waiters: Vec<Waker>,
+    /// Ran out of receive buffers: the driver task waits for one and posts again.
+    pub(crate) short: bool,
+    /// The deadline the driver task sleeps until (it is kicked only for an earlier one).
+    pub(crate) driver_deadline: Option<Instant>,
+    /// Set while tearing down: rings drained wakes `drained`.
+    pub(crate) draining: bool,
+}
+
+/// The connection's message I/O (see the module docs).
+#[derive(Debug)]
+pub(crate) struct ConnIo {
+    state: Mutex<ConnState>,
+    qp: QueuePair,
+    /// `wr_id` of the sink's request 0 (the sink's own ids are added to it).
+    wr_base: u64,
+    pool: Pool,
+    staging: Pool,
+    recv_size: usize,
+    /// Payloads up to this size go inline (no staging buffer, no copy but the device's).
+    max_inline: usize,
+    /// Sends this side keeps on the device at most (its share of the send queue).
+    sq_budget: u32,
+    /// Signal at least every this many sends; and a staged send once this many staging buffers
+    /// wait for a signal.
+    signal_every: u32,
+    staged_signal: u32,
+    /// Wakes the connection's driver task (timers, CM events, refills, teardown).
+    pub(crate) kick: Notify,
+    /// Signalled when both rings are empty during teardown.
+    pub(crate) drained: Notify,
+}
+
+/// Parameters of a [`ConnIo`].
+#[derive(Debug)]
+pub(crate) struct IoConfig {
+    pub(crate) qp: QueuePair,
+    pub(crate) wr_base: u64,
+    pub(crate) pool: Pool,
+    pub(crate) staging: Pool,
+    pub(crate) recv_size: usize,
+    pub(crate) max_inline: usize,
+    pub(crate) sq_budget: u32,
+    pub(crate) staging_count: u32,
+}
+
+impl ConnIo {
+    pub(crate) fn new(cfg: IoConfig, proto: Proto) -> ConnIo {
+        let sq_budget = cfg.sq_budget.max(2);
+        ConnIo {
+            state: Mutex::new(ConnState {
+                proto,
+                recvs: VecDeque::new(),
+                next_recv: 0,
+                sends: VecDeque::new(),
+                next_send: 0,
+                unsignaled: 0,
+                staged_unsignaled: 0,
+                sq_waiters: Vec::new(),
+                short: false,
+                driver_deadline: None,
+                draining: false,
+            }),
+            qp: cfg.qp,
+            wr_base: cfg.wr_base,
+            pool: cfg.pool,
+            staging: cfg.staging,
+            recv_size: cfg.recv_size,
+            max_inline: cfg.max_inline,
+            sq_budget,
+            signal_every: (sq_budget / 2).max(1),
+            staged_signal: (cfg.staging_count / 2).max(1),
+            kick: Notify::new(),
+            drained: Notify::new(),
+        }
+    }
+
+    /// The lock. Prefer [`with`](Self::with), which posts and wakes what the change asks for.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ConnState> {
+        // The state machine has no invariant a panic elsewhere could half-apply.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the state, then does what the state machine asks (posts, control messages),
+    /// wakes the tasks it woke (outside the lock), and kicks the driver task if needed.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut ConnState) -> R) -> R {
+        let mut wake = Deferred::default();
+        let (r, kick) = {
+            let mut s = self.lock();
+            let r = f(&mut s);
+            let kick = self.pump(&mut s, Instant::now(), &mut wake);
+            (r, kick)
+        };
+        wake.run();
+        if kick {
+            self.kick.notify_one();
+        }
+        r
+    }
+
+    /// Whether a send can be posted now (room in this side's share of the send queue);
+    /// otherwise registers `waker` for when a completion makes room.
+    pub(crate) fn sq_ready(&self, s: &mut ConnState, waker: &Waker) -> bool {
+        if (s.sends.len() as u32) < self.sq_budget {
+            return true;
+        }
+        if !s.sq_waiters.iter().any(|w| w.will_wake(waker)) {
+            s.sq_waiters.push(waker.clone());
+        }
+        false
+    }
+
+    /// Posts `chunk` of `msg`: inline when it fits, else copied into the `staging` buffer
+    /// (which the caller acquired; taken only then). A failed post fails the connection and
+    /// returns `false`.
+    pub(crate) fn post_chunk(
+        &self,
+        s: &mut ConnState,
+        chunk: Chunk,
+        msg: &[u8],
+        staging: &mut Option<PoolBuf>,
+    ) -> bool {
+        let bytes = &msg[chunk.offset as usize..(chunk.offset + u64::from(chunk.len)) as usize];
+        let seq = s.next_send;
+        let wr_id = self.wr_base | u64::from(SEND_BIT | seq);
+        let inline = bytes.len() <= self.max_inline;
+        let (sent, posted) = if inline || bytes.is_empty() {
+            let sges;
+            let list: &[crate::verbs::Sge] = if bytes.is_empty() {
+                &[]
+            } else {
+                // Inline: the device copies the bytes at post time, no key needed.
+                sges = [crate::verbs::Sge::new(bytes.as_ptr() as u64, bytes.len() as u32, 0)];
+                &sges
+            };
+            let signaled = self.signal(s, false);
+            let wr = SendWr {
+                inline: !list.is_empty(),
+                signaled,
+                ..SendWr::new(wr_id, SendOp::SendWithImm(chunk.imm), list)
+            };
+            // SAFETY: an inline payload is copied during the call; `bytes` outlives it.
+            (Sent::Data(None), unsafe { self.qp.post_send(&[wr]) })
+        } else {
+            let mut buf = staging
+                .take()
+                .expect("a staging buffer for a chunk that is not inline");
+            buf.set_len(bytes.len());
+            buf.copy_from_slice(bytes);
+            let signaled = self.signal(s, true);
+            let sge = [buf.sge(0..bytes.len())];
+            let wr = SendWr {
+                signaled,
+                ..SendWr::new(wr_id, SendOp::SendWithImm(chunk.imm), &sge)
+            };
+            // SAFETY: the staging buffer is registered in this queue pair's protection domain
+            // and stays in `sends` (untouched) until this send is retired by a completion.
+            let r = unsafe { self.qp.post_send(&[wr]) };
+            (Sent::Data(Some(buf)), r)
+        };
+        match posted {
+            Ok(()) => {
+                s.next_send = (seq + 1) & !SEND_BIT;
+                s.sends.push_back((seq, sent));
+                true
+            }
+            Err(e) => {
+                self.post_failed(s, &e);
+                false
+            }
+        }
+    }
+
+    /// Whether the next send is signaled: often enough that the send queue and the staging
+    /// buffers are always given back.
+    fn signal(&self, s: &mut ConnState, staged: bool) -> bool {
+        s.unsignaled += 1;
+        if staged {
+            s.staged_unsignaled += 1;
+        }
+        let due = s.unsignaled >= self.signal_every || s.staged_unsignaled >= self.staged_signal;
+        if due {
+            s.unsignaled = 0;
+            s.staged_unsignaled = 0;
+        }
+        due
+    }
+
+    fn post_failed(&self, s: &mut ConnState, e: &crate::Error) {
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        warn!(error = %e, "posting on a connection failed");
+        if s.proto.fail(QpFailure::PostFailed(errno)) {
+            if let Err(e) = self.qp.to_error() {
+                warn!(error = %e, "moving the queue pair to ERR");
+            }
+        }
+    }
+
+    /// Does what the state machine asks: receives to post, control messages to send. Collects
+    /// its wakers into `wake`. Returns whether the driver task must look (a deadline earlier
+    /// than the one it sleeps until, missing buffers, a disconnect, or teardown progress).
+    pub(crate) fn pump(&self, s: &mut ConnState, now: Instant, wake: &mut Deferred) -> bool {
+        self.post_recvs(s);
+        while (s.sends.len() as u32) < self.sq_budget {
+            let Some(t) = s.proto.poll_transmit(now) else {
+                break;
+            };
+            trace!(kind = ?t.kind, imm = t.imm, "control message");
+            let seq = s.next_send;
+            let wr = SendWr::new(
+                self.wr_base | u64::from(SEND_BIT | seq),
+                SendOp::SendWithImm(t.imm),
+                &[],
+            );
+            // Control messages are always signaled: their completion is reported.
+            // SAFETY: a zero-length send names no memory.
+            match unsafe { self.qp.post_send(&[wr]) } {
+                Ok(()) => {
+                    s.next_send = (seq + 1) & !SEND_BIT;
+                    s.sends.push_back((seq, Sent::Control(t.kind)));
+                    s.unsignaled = 0;
+                    s.staged_unsignaled = 0;
+                }
+                Err(e) => {
+                    self.post_failed(s, &e);
+                    break;
+                }
+            }
+        }
+        for w in s.proto.take_wakers() {
+            wake.push(w);
+        }
+        let kicked = s.proto.take_driver_kick();
+        let earlier = match (s.proto.poll_timeout(), s.driver_deadline) {
+            (Some(t), Some(d)) => t < d,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        let teardown = s.draining && s.recvs.is_empty() && s.sends.is_empty();
+        if teardown {
+            self.drained.notify_one();
+        }
+        (kicked && (earlier || s.short || s.proto.should_disconnect())) || earlier
+    }
+
+    fn post_recvs(&self, s: &mut ConnState) {
+        let want = s.proto.recvs_to_post();
+        let mut posted = 0;
+        while posted < want {
+            let Ok(Some(buf)) = self.pool.try_acquire(self.recv_size) else {
+                s.short = true;
+                break;
+            };
+            let seq = s.next_recv;
+            let sge = [buf.sge(0..buf.capacity())];
+            let wr = RecvWr::new(self.wr_base | u64::from(seq), &sge);
+            // SAFETY: the buffer is registered in this queue pair's protection domain and
+            // stays in `recvs` (untouched) until its completion.
+            match unsafe { self.qp.post_recv(&[wr]) } {
+                Ok(()) => {
+                    s.next_recv = (seq + 1) & !SEND_BIT;
+                    s.recvs.push_back(buf);
+                    posted += 1;
+                }
+                Err(e) => {
+                    self.post_failed(s, &e);
+                    break;
+                }
+            }
+        }
+        if posted == want {
+            s.short = false;
+        }
+        s.proto.recvs_posted(posted);
+    }
+
+    /// Receives and sends still on the device.
+    pub(crate) fn outstanding(s: &ConnState) -> usize {
+        s.recvs.len() + s.sends.len()
+    }
+
+    /// Wakes the tasks waiting for send-queue room.
+    fn wake_sq(s: &mut ConnState, wake: &mut Deferred) {
+        for w in s.sq_waiters.drain(..) {
+            wake.push(w);
+        }
+    }
+
+    /// Bytes in the staging pool in use (for stats).
+    pub(crate) fn buffer_bytes_in_use(&self) -> u64 {
+        self.pool.metrics().bytes_in_use + self.staging.metrics().bytes_in_use
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub(crate) fn staging(&self) -> &Pool {
+        &self.staging
+    }
+
+    pub(crate) fn recv_size(&self) -> usize {
+        self.recv_size
+    }
+
+    pub(crate) fn max_inline(&self) -> usize {
+        self.max_inline
+    }
+}
+
+fn cause_of(cqe: &Cqe, qp_failure: Option<&QpFailure>) -> QpFailure {
+    if cqe.status == WcStatus::WrFlushErr {
+        qp_failure.cloned().unwrap_or(QpFailure::Flushed)
+    } else {
+        QpFailure::WorkCompletion {
+            status: cqe.status,
+            vendor_err: cqe.vendor_err,
+        }
+    }
+}
+
+impl Sink for ConnIo {
+    fn on_completion(
+        &self,
+        local: u32,
+        cqe: &Cqe,
+        qp_failure: Option<&QpFailure>,
+        wake: &mut Deferred,
+    ) -> Option<QpFailure> {
+        let now = Instant::now();
+        let ok = cqe.status == WcStatus::Success;
+        let mut s = self.lock();
+        let was_failed = s.proto.failure().is_some();
+        if local & SEND_BIT == 0 {
+            let Some(buf) = s.recvs.pop_front() else {
+                warn!(local, "a receive completion with no receive posted");
+                return None;
+            };
+            let seq = s.next_recv.wrapping_sub(s.recvs.len() as u32 + 1) & !SEND_BIT;
+            debug_assert_eq!(seq, local, "receive completions come in posting order");
+            if ok {
+                s.proto.heard(now);
+            }
+            let res = if ok {
+                Ok((cqe.byte_len, cqe.imm))
+            } else {
+                Err(cause_of(cqe, qp_failure))
+            };
+            s.proto.handle_recv(res, buf);
+        } else {
+            let seq = local & !SEND_BIT;
+            if !s.sends.iter().any(|(q, _)| *q == seq) {
+                warn!(local, "a send completion that matches no send");
+                return None;
+            }
+            // Completions on a send queue come in posting order: every earlier send is done.
+            while let Some((q, sent)) = s.sends.pop_front() {
+                let this = q == seq;
+                let res = if this && !ok {
+                    Err(cause_of(cqe, qp_failure))
+                } else {
+                    Ok(())
+                };
+                match sent {
+                    Sent::Control(kind) => s.proto.handle_control_done(kind, res, now),
+                    Sent::Data(buf) => {
+                        drop(buf);
+                        match res {
+                            Ok(()) => s.proto.heard(now),
+                            Err(cause) => {
+                                s.proto.fail(cause);
+                            }
+                        }
+                    }
+                }
+                if this {
+                    break;
+                }
+            }
+            Self::wake_sq(&mut s, wake);
+        }
+        let kick = self.pump(&mut s, now, wake);
+        let newly_failed = !was_failed && s.proto.failure().is_some();
+        let failure = if newly_failed && !ok {
+            s.proto.failure().cloned()
+        } else {
+            None
+        };
+        if newly_failed {
+            Self::wake_sq(&mut s, wake);
+        }
+        drop(s);
+        if kick || newly_failed {
+            self.kick.notify_one();
+        }
+        failure
+    }
+}

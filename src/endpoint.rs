@@ -1,0 +1,287 @@
+//! [`Endpoint`]: the one object a user opens. It owns a device context, a completion queue and
+//! its driver (the completion and async-event tasks), and the device-level options; every
+//! connection made or accepted through it uses that completion queue, in a protection domain
+//! of its own.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::conn::{ConnectOptions, Connection, Listener};
+use crate::driver::{CompletionMode, Driver, DriverOptions, DriverStats};
+use crate::error::{Error, Result};
+use crate::verbs::{Context, PortState};
+
+/// Device-level options of an [`Endpoint`]: how futures wait for completions, and the
+/// completion queue's size.
+///
+/// # Examples
+///
+/// ```
+/// use tokio_rdma::EndpointOptions;
+/// use tokio_rdma::driver::CompletionMode;
+///
+/// let opts = EndpointOptions::default()
+///     .completion_mode(CompletionMode::BusyPoll)
+///     .cq_size(8192);
+/// assert_eq!(opts.completion_mode, CompletionMode::BusyPoll);
+/// assert_eq!(opts.cq_size, Some(8192));
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct EndpointOptions {
+    /// How a waiting future behaves (default: adaptive hybrid polling).
+    pub completion_mode: CompletionMode,
+    /// Completion queue entries: bounds the sum of the queue depths of all connections on the
+    /// endpoint (about 330 per connection with default options). `None` (the default): the
+    /// device's `max_cqe`, at most 65,536.
+    pub cq_size: Option<u32>,
+    /// Completions taken per poll of the completion queue (default 32).
+    pub poll_batch: usize,
+}
+
+impl Default for EndpointOptions {
+    fn default() -> Self {
+        let d = DriverOptions::default();
+        EndpointOptions {
+            completion_mode: d.mode,
+            cq_size: None,
+            poll_batch: d.poll_batch,
+        }
+    }
+}
+
+impl EndpointOptions {
+    /// Sets the completion mode.
+    pub fn completion_mode(mut self, mode: CompletionMode) -> Self {
+        self.completion_mode = mode;
+        self
+    }
+
+    /// Sets the completion queue size.
+    pub fn cq_size(mut self, n: u32) -> Self {
+        self.cq_size = Some(n);
+        self
+    }
+
+    /// Sets how many completions one poll takes.
+    pub fn poll_batch(mut self, n: usize) -> Self {
+        self.poll_batch = n;
+        self
+    }
+
+    fn validate(&self, ctx: &Context) -> Result<DriverOptions> {
+        let max = ctx.device_attr().max_cqe;
+        let cq_size = self.cq_size.unwrap_or(max.min(65536));
+        if cq_size == 0 || cq_size > max {
+            return Err(Error::InvalidArgument(format!(
+                "cq_size {cq_size} is not in 1..={max} (the device's max_cqe)"
+            )));
+        }
+        if self.poll_batch == 0 || self.poll_batch > 4096 {
+            return Err(Error::InvalidArgument(format!(
+                "poll_batch {} is not in 1..=4096",
+                self.poll_batch
+            )));
+        }
+        if let CompletionMode::Adaptive { max_spin } = self.completion_mode {
+            if max_spin > Duration::from_secs(1) {
+                return Err(Error::InvalidArgument(format!(
+                    "adaptive max_spin {max_spin:?} exceeds one second: use BusyPoll to spin \
+                     without limit"
+                )));
+            }
+        }
+        Ok(DriverOptions::default()
+            .mode(self.completion_mode)
+            .cq_size(cq_size)
+            .poll_batch(self.poll_batch))
+    }
+}
+
+/// An RDMA device opened for connections: its context, one completion queue with its driver,
+/// and the options that apply to everything on it. Cheap to clone (a handle); the device and
+/// its tasks stay up while any clone, connection or listener of it lives.
+///
+/// Several endpoints may be open on one device at once, each with its own completion queue
+/// and mode. [`Connection::connect`] and [`Listener::bind`] are shorthands that open an
+/// endpoint with default options on the device the address resolves to.
+///
+/// # Examples
+///
+/// ```no_run
+/// use tokio_rdma::{Endpoint, EndpointOptions};
+/// use tokio_rdma::conn::ConnectOptions;
+/// use tokio_rdma::driver::CompletionMode;
+///
+/// # async fn demo() -> tokio_rdma::Result<()> {
+/// let ep = Endpoint::open_with(
+///     "rxe0",
+///     EndpointOptions::default().completion_mode(CompletionMode::BusyPoll),
+/// )?;
+/// let conn = ep.connect("192.0.2.1:7471".parse().unwrap(), ConnectOptions::default()).await?;
+/// conn.send(b"ping").await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Endpoint {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ctx: Context,
+    driver: Driver,
+    opts: EndpointOptions,
+}
+
+impl Endpoint {
+    /// Opens the RDMA device `device` (as `ibv_devices` / `rdma link` name it) with default
+    /// options. Must be called inside a Tokio runtime (the endpoint's tasks run there), with
+    /// the time driver enabled.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DeviceNotFound`] listing the devices there are; verb errors creating the
+    /// completion queue.
+    pub fn open(device: &str) -> Result<Endpoint> {
+        Endpoint::open_with(device, EndpointOptions::default())
+    }
+
+    /// Opens `device` with `opts`.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open); [`Error::InvalidArgument`] for an option the device cannot
+    /// honour (e.g. a CQ larger than its `max_cqe`).
+    pub fn open_with(device: &str, opts: EndpointOptions) -> Result<Endpoint> {
+        let devices = Context::rdma_cm_devices()?;
+        let names: Vec<String> = devices.iter().map(|c| c.name().to_string()).collect();
+        let ctx = devices
+            .into_iter()
+            .find(|c| c.name() == device)
+            .ok_or_else(|| Error::DeviceNotFound {
+                name: device.to_string(),
+                available: names,
+            })?;
+        Endpoint::on_context(ctx, opts)
+    }
+
+    /// Opens the first device with an active port, with default options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoActivePort`] if there is none.
+    pub fn open_first_active() -> Result<Endpoint> {
+        Endpoint::open_first_active_with(EndpointOptions::default())
+    }
+
+    /// Opens the first device with an active port, with `opts`.
+    ///
+    /// # Errors
+    ///
+    /// As [`open_first_active`](Self::open_first_active) and [`open_with`](Self::open_with).
+    pub fn open_first_active_with(opts: EndpointOptions) -> Result<Endpoint> {
+        let devices = Context::rdma_cm_devices()?;
+        let names: Vec<String> = devices.iter().map(|c| c.name().to_string()).collect();
+        for ctx in devices {
+            let active = (1..=ctx.device_attr().phys_port_cnt)
+                .any(|p| matches!(ctx.query_port(p), Ok(a) if a.state == PortState::Active));
+            if active {
+                return Endpoint::on_context(ctx, opts);
+            }
+        }
+        Err(Error::NoActivePort { devices: names })
+    }
+
+    /// An endpoint on `ctx`, which must be one of librdmacm's contexts
+    /// ([`Context::rdma_cm_devices`], [`Context::from_cm_id`]) to carry RDMA CM connections.
+    pub(crate) fn on_context(ctx: Context, opts: EndpointOptions) -> Result<Endpoint> {
+        let dopts = opts.validate(&ctx)?;
+        let driver = Driver::new(&ctx, dopts)?;
+        Ok(Endpoint {
+            inner: Arc::new(Inner { ctx, driver, opts }),
+        })
+    }
+
+    /// Connects to a listener at `addr`, which must resolve to this endpoint's device.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if `addr` is reached through another device; otherwise as
+    /// [`Connection::connect_with`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the attempt; the half-made connection is torn down.
+    pub async fn connect(&self, addr: SocketAddr, opts: ConnectOptions) -> Result<Connection> {
+        Connection::connect_on(Some(self.clone()), addr, opts).await
+    }
+
+    /// Listens on `addr` (a local address of this endpoint's device, or a wildcard; requests
+    /// that arrive on another device are rejected) with default connection options.
+    ///
+    /// # Errors
+    ///
+    /// As [`Listener::bind`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future before it resolves leaves nothing listening.
+    pub async fn listen(&self, addr: SocketAddr) -> Result<Listener> {
+        self.listen_with(addr, ConnectOptions::default()).await
+    }
+
+    /// Listens on `addr` with `opts` for every accepted connection.
+    ///
+    /// # Errors
+    ///
+    /// As [`Listener::bind_with`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`listen`](Self::listen).
+    pub async fn listen_with(&self, addr: SocketAddr, opts: ConnectOptions) -> Result<Listener> {
+        Listener::bind_on(Some(self.clone()), addr, opts).await
+    }
+
+    /// The device's name.
+    pub fn device_name(&self) -> &str {
+        self.inner.ctx.name()
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &EndpointOptions {
+        &self.inner.opts
+    }
+
+    /// The completion queue's driver: create raw queue pairs on it
+    /// ([`Driver::create_qp`]).
+    pub fn driver(&self) -> &Driver {
+        &self.inner.driver
+    }
+
+    /// Counters of the endpoint's completion machinery.
+    pub fn stats(&self) -> DriverStats {
+        self.inner.driver.stats()
+    }
+
+    /// Whether `other` is a context of this endpoint's device (the same librdmacm context).
+    pub(crate) fn owns(&self, other: &Context) -> bool {
+        self.inner.ctx.as_ptr() == other.as_ptr()
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("device", &self.inner.ctx.name())
+            .field("options", &self.inner.opts)
+            .finish_non_exhaustive()
+    }
+}
