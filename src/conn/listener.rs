@@ -105,14 +105,8 @@ impl Shared {
         let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
         match std::mem::take(&mut *f) {
             Failure::Pending(e) => {
-                // The text with its causes (the error's own text omits its source).
-                let mut text = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    text.push_str(&format!(": {s}"));
-                    source = s.source();
-                }
-                *f = Failure::Reported(text);
+                // The error's own text names its cause (the errno, or the message).
+                *f = Failure::Reported(e.to_string());
                 e
             }
             Failure::Reported(text) => {
