@@ -1,6 +1,7 @@
 //! Errors that name their cause, shown on a real device (soft-RoCE `rxe0` at 192.0.2.1 in the
 //! VM): a missing device, a busy address, a loopback address and a low locked-memory limit
-//! each give an error whose text says what happened and what to do.
+//! each give an error whose text says what happened and what to do; a listener met by a
+//! foreign (plain RDMA CM) client rejects it, says why, and counts it.
 //!
 //! The device tests are `#[ignore]`d; `scripts/test` runs them with `--ignored` in the VM. The
 //! missing-device check also runs on the host, where there may be no device at all.
@@ -13,8 +14,10 @@ use std::time::Duration;
 
 use tokio_rdma::Error;
 use tokio_rdma::conn::{Connection, Listener};
-use tokio_rdma::verbs::{AccessFlags, CmId, Context, EventChannel, ProtectionDomain};
-use tokio_rdma::verbs::{RegisteredBuffer, devices};
+use tokio_rdma::verbs::{
+    AccessFlags, CmEvent, CmEventKind, CmId, CompletionQueue, ConnParam, Context, EventChannel,
+    ProtectionDomain, QpInitAttr, QpState, QueuePair, RegisteredBuffer, devices,
+};
 
 /// The address of rxe0 in the VM; override with `TOKIO_RDMA_CM_ADDR`.
 fn rxe_ip() -> IpAddr {
@@ -205,4 +208,56 @@ fn memlock_child() {
     assert!(err.to_string().contains(&LIMIT.to_string()), "{err}");
     let io: std::io::Error = err.into();
     assert_eq!(io.kind(), std::io::ErrorKind::OutOfMemory);
+}
+
+/// A client that speaks plain RDMA CM, as `rping` does: a connection request whose private
+/// data is `private_data` (empty: none). Returns the event that answers it. Blocking.
+fn foreign_connect(to: SocketAddr, private_data: &[u8]) -> tokio_rdma::Result<CmEvent> {
+    let wait = |ch: &EventChannel| {
+        ch.wait_event(Duration::from_secs(60))
+            .expect("rdma_get_cm_event")
+            .expect("an RDMA CM event within 60 s")
+    };
+    let ch = EventChannel::new()?;
+    let id = CmId::new(&ch)?;
+    id.resolve_addr(None, to, 10_000)?;
+    wait(&ch).expect(CmEventKind::AddrResolved)?;
+    id.resolve_route(10_000)?;
+    wait(&ch).expect(CmEventKind::RouteResolved)?;
+    let ctx = Context::from_cm_id(&id)?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let cq = CompletionQueue::new(&ctx, 16, None)?;
+    let qp = QueuePair::new_rc(&pd, &QpInitAttr::new(&cq, &cq))?;
+    id.modify_qp(&qp, QpState::Init)?;
+    id.connect(&ConnParam::new(&qp).private_data(private_data))?;
+    Ok(wait(&ch))
+}
+
+#[tokio::test]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn listener_names_a_foreign_client() {
+    let listener = Listener::bind(SocketAddr::new(rxe_ip(), 0)).await.unwrap();
+    let to = listener.local_addr().unwrap();
+    for (n, pd) in [&b""[..], b"rping says hello, not TRDM"]
+        .into_iter()
+        .enumerate()
+    {
+        let pd = pd.to_vec();
+        let ev = tokio::task::spawn_blocking(move || foreign_connect(to, &pd))
+            .await
+            .unwrap()
+            .unwrap();
+        let err = ev
+            .expect(CmEventKind::Established)
+            .expect_err("a foreign client was accepted");
+        println!("foreign client {n}: {err}");
+        assert!(
+            matches!(err, Error::ConnectionRejected { status: 28, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("tokio-rdma"), "{err}");
+        assert_eq!(listener.bad_handshakes(), n as u64 + 1);
+    }
+    assert_eq!(listener.rejected(), 2);
+    assert_eq!(listener.pending(), 0);
 }
