@@ -842,47 +842,4 @@ impl fmt::Display for WcStatus {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wc_status_names_round_trip() {
-        assert_eq!(
-            WcStatus::from_raw(crate::sys::IBV_WC_SUCCESS),
-            WcStatus::Success
-        );
-        let s = WcStatus::from_raw(crate::sys::IBV_WC_REM_ACCESS_ERR);
-        assert_eq!(s.name(), "IBV_WC_REM_ACCESS_ERR");
-        assert_eq!(s.to_string(), "IBV_WC_REM_ACCESS_ERR (Remote access error)");
-        assert_eq!(WcStatus::from_raw(9999), WcStatus::Unknown(9999));
-    }
-
-    #[test]
-    fn io_error_kinds() {
-        let e: io::Error = Error::QpFailed(QpFailure::WorkCompletion {
-            status: WcStatus::RemAccessErr,
-            vendor_err: 0,
-        })
-        .into();
-        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
-        let e: io::Error = Error::DeviceNotFound {
-            name: "x".into(),
-            available: vec![],
-        }
-        .into();
-        assert_eq!(e.kind(), io::ErrorKind::NotFound);
-        let e: io::Error =
-            Error::code(libc::ENOMEM, |source| Error::RegMr { len: 1, source }).into();
-        assert_eq!(e.kind(), io::ErrorKind::OutOfMemory);
-        assert!(
-            Error::code(-libc::EINVAL, Error::AllocPd).raw_os_error() == Some(libc::EINVAL),
-            "negative codes are normalised"
-        );
-    }
-
-    #[test]
-    fn reg_mr_names_memlock() {
-        let e = Error::code(libc::ENOMEM, |source| Error::RegMr { len: 4096, source });
-        assert!(e.to_string().contains("RLIMIT_MEMLOCK"), "{e}");
-    }
-}
+mod tests;
