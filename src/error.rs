@@ -553,7 +553,7 @@ fn private_data_note(pd: &[u8]) -> String {
     if used == 0 {
         return String::new();
     }
-    let shown = &pd[..used.min(64)];
+    let shown = &pd[..used.min(crate::verbs::MAX_REJECT_PRIVATE_DATA)];
     match std::str::from_utf8(shown) {
         Ok(text) if text.chars().all(|c| !c.is_control()) => format!(", peer said {text:?}"),
         _ => format!(", private data {shown:02x?}"),
