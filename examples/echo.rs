@@ -13,7 +13,8 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::Role;
+use clap::Parser;
+use common::{Role, RoleArgs};
 use tokio_rdma::conn::{Connection, Listener};
 
 async fn serve(addr: SocketAddr, max_conns: Option<usize>) -> tokio_rdma::Result<()> {
@@ -63,18 +64,31 @@ async fn clients(addr: SocketAddr, n: usize, messages: usize) -> tokio_rdma::Res
     Ok(())
 }
 
+/// An echo server for many concurrent clients, and the clients, which verify every echo.
+#[derive(Debug, Parser)]
+#[command(
+    after_help = "With neither --listen nor --connect, the server and the clients run in \
+this process on $TOKIO_RDMA_ADDR, else 192.0.2.1:7471 (rxe0 in the soft-RoCE VM)."
+)]
+struct Args {
+    #[command(flatten)]
+    role: RoleArgs,
+    /// Concurrent clients
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    clients: usize,
+    /// Messages per client [default: 500, 20 with --smoke]
+    #[arg(long, value_name = "M")]
+    messages: Option<usize>,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (role, smoke, rest) = common::parse(7471);
-    let mut n = 16;
-    let mut messages = if smoke { 20 } else { 500 };
-    for (flag, val) in rest {
-        match flag.as_str() {
-            "--clients" => n = val.parse()?,
-            "--messages" => messages = val.parse()?,
-            other => return Err(format!("unknown flag {other}").into()),
-        }
-    }
+    let args = Args::parse();
+    let role = args.role.role(7471);
+    let n = args.clients;
+    let messages = args
+        .messages
+        .unwrap_or(if args.role.smoke { 20 } else { 500 });
     match role {
         Role::Server(addr) => serve(addr, None).await?,
         Role::Client(addr) => clients(addr, n, messages).await?,

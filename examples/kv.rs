@@ -13,7 +13,8 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::Role;
+use clap::Parser;
+use common::{Role, RoleArgs};
 use tokio_rdma::buf::{RemoteAccess, RemoteToken};
 use tokio_rdma::conn::{Connection, Listener};
 
@@ -87,18 +88,32 @@ async fn clients(addr: SocketAddr, n: usize, lookups: usize) -> tokio_rdma::Resu
     Ok(())
 }
 
+/// A key-value service read with one-sided RDMA READs: the server grants its table, clients
+/// look values up without involving the server's CPU.
+#[derive(Debug, Parser)]
+#[command(
+    after_help = "With neither --listen nor --connect, the server and the clients run in \
+this process on $TOKIO_RDMA_ADDR, else 192.0.2.1:7472 (rxe0 in the soft-RoCE VM)."
+)]
+struct Args {
+    #[command(flatten)]
+    role: RoleArgs,
+    /// Concurrent clients
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    clients: usize,
+    /// Lookups per client [default: 5000, 100 with --smoke]
+    #[arg(long, value_name = "N")]
+    lookups: Option<usize>,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (role, smoke, rest) = common::parse(7472);
-    let mut n = 4;
-    let mut lookups = if smoke { 100 } else { 5000 };
-    for (flag, val) in rest {
-        match flag.as_str() {
-            "--clients" => n = val.parse()?,
-            "--lookups" => lookups = val.parse()?,
-            other => return Err(format!("unknown flag {other}").into()),
-        }
-    }
+    let args = Args::parse();
+    let role = args.role.role(7472);
+    let n = args.clients;
+    let lookups = args
+        .lookups
+        .unwrap_or(if args.role.smoke { 100 } else { 5000 });
     match role {
         Role::Server(addr) => serve(addr, None).await?,
         Role::Client(addr) => clients(addr, n, lookups).await?,

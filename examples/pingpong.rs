@@ -13,7 +13,8 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use common::Role;
+use clap::Parser;
+use common::{Role, RoleArgs};
 use tokio_rdma::conn::{Connection, Listener};
 
 async fn server(addr: SocketAddr, once: bool) -> tokio_rdma::Result<()> {
@@ -42,13 +43,13 @@ async fn client(addr: SocketAddr, iters: usize, size: usize) -> tokio_rdma::Resu
         conn.send(&msg).await?;
         conn.recv().await?;
     }
-    let mut samples = Vec::with_capacity(iters);
+    let mut hist = common::histogram();
     let start = Instant::now();
     for i in 0..iters {
         let t = Instant::now();
         conn.send(&msg).await?;
         let pong = conn.recv().await?.expect("server closed early");
-        samples.push(t.elapsed());
+        common::record(&mut hist, t.elapsed());
         assert_eq!(pong.len(), size, "pong {i}");
     }
     let wall = start.elapsed();
@@ -60,24 +61,37 @@ async fn client(addr: SocketAddr, iters: usize, size: usize) -> tokio_rdma::Resu
             wall.as_secs_f64()
         ),
         size,
-        &mut samples,
+        &hist,
     );
     println!("connection: {:?}", conn.stats());
     Ok(())
 }
 
+/// Ping-pong over an RDMA CM connection; prints a latency table.
+#[derive(Debug, Parser)]
+#[command(
+    after_help = "With neither --listen nor --connect, both ends run in this process on \
+$TOKIO_RDMA_ADDR, else 192.0.2.1:7470 (rxe0 in the soft-RoCE VM)."
+)]
+struct Args {
+    #[command(flatten)]
+    role: RoleArgs,
+    /// Measured round trips [default: 10000, 200 with --smoke]
+    #[arg(long, value_name = "N")]
+    iters: Option<usize>,
+    /// Message size in bytes
+    #[arg(long, value_name = "BYTES", default_value_t = 64)]
+    size: usize,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (role, smoke, rest) = common::parse(7470);
-    let mut iters = if smoke { 200 } else { 10_000 };
-    let mut size = 64;
-    for (flag, val) in rest {
-        match flag.as_str() {
-            "--iters" => iters = val.parse()?,
-            "--size" => size = val.parse()?,
-            other => return Err(format!("unknown flag {other}").into()),
-        }
-    }
+    let args = Args::parse();
+    let role = args.role.role(7470);
+    let iters = args
+        .iters
+        .unwrap_or(if args.role.smoke { 200 } else { 10_000 });
+    let size = args.size;
     for dev in tokio_rdma::verbs::devices()? {
         println!("device: {}", dev.name);
     }

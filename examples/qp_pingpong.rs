@@ -10,61 +10,60 @@
 //! ```
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use std::time::{Duration, Instant};
+mod common;
 
+use std::time::Instant;
+
+use clap::Parser;
 use tokio_rdma::buf::IoBuf;
 use tokio_rdma::driver::{CompletionMode, Driver, DriverOptions, QpOptions};
 use tokio_rdma::verbs::{
     AccessFlags, Context, PortState, ProtectionDomain, RegisteredBuffer, RtrOptions, RtsOptions,
 };
 
+/// Ping-pong latency over RDMA SEND/RECV between two queue pairs of this process, on the
+/// first active device (no RDMA CM, no flow control).
+#[derive(Debug, Parser)]
 struct Args {
-    iters: usize,
+    /// Measured round trips [default: 10000, 200 with --smoke]
+    #[arg(long, value_name = "N")]
+    iters: Option<usize>,
+    /// Message size in bytes
+    #[arg(long, value_name = "BYTES", default_value_t = 64)]
     size: usize,
-    mode: CompletionMode,
+    /// How the driver waits for completions
+    #[arg(long, value_enum, default_value_t = Mode::Adaptive)]
+    mode: Mode,
+    /// Small iteration count (the test suite's smoke run)
+    #[arg(long)]
+    smoke: bool,
 }
 
-fn parse() -> Args {
-    let mut a = Args {
-        iters: 10_000,
-        size: 64,
-        mode: CompletionMode::default(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut val = || it.next().unwrap_or_else(|| panic!("{arg} needs a value"));
-        match arg.as_str() {
-            "--iters" => a.iters = val().parse().expect("--iters N"),
-            "--size" => a.size = val().parse().expect("--size BYTES"),
-            "--mode" => {
-                a.mode = match val().as_str() {
-                    "busy" => CompletionMode::BusyPoll,
-                    "event" => CompletionMode::Event,
-                    "adaptive" => CompletionMode::default(),
-                    m => panic!("unknown mode {m}"),
-                }
-            }
-            "--smoke" => a.iters = 200,
-            "-h" | "--help" => {
-                println!(
-                    "usage: qp_pingpong [--iters N] [--size BYTES] [--mode busy|adaptive|event] [--smoke]"
-                );
-                std::process::exit(0);
-            }
-            other => panic!("unknown argument {other}"),
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Mode {
+    /// Poll the completion queue without sleeping
+    Busy,
+    /// Spin a while, then sleep on the completion channel (the driver's default)
+    Adaptive,
+    /// Sleep on the completion channel
+    Event,
+}
+
+impl Mode {
+    fn completion_mode(self) -> CompletionMode {
+        match self {
+            Mode::Busy => CompletionMode::BusyPoll,
+            Mode::Adaptive => CompletionMode::default(),
+            Mode::Event => CompletionMode::Event,
         }
     }
-    a
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse();
+    let args = Args::parse();
+    let iters = args.iters.unwrap_or(if args.smoke { 200 } else { 10_000 });
+    let mode = args.mode.completion_mode();
     for dev in tokio_rdma::verbs::devices()? {
         println!("device: {} (guid {:#018x})", dev.name, dev.guid);
     }
@@ -81,7 +80,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let pd = ProtectionDomain::new(&ctx)?;
-    let driver = Driver::new(&ctx, DriverOptions::default().mode(args.mode))?;
+    let driver = Driver::new(&ctx, DriverOptions::default().mode(mode))?;
     // Post on first poll: the receives below are posted before the message they wait for is
     // sent (a send that finds no receive is NAKed and retried after the RNR timer).
     let mut opts = QpOptions::default();
@@ -100,7 +99,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let len = args.size.max(1);
     let size = args.size;
-    let iters = args.iters;
     let mut ping = RegisteredBuffer::new(&pd, len, AccessFlags::LOCAL_WRITE)?;
     ping.as_mut_slice().expect("local buffer").fill(0xab);
     let mut a_rx = RegisteredBuffer::new(&pd, len, AccessFlags::LOCAL_WRITE)?;
@@ -133,7 +131,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A: the client, timing round trips: send the ping and wait for the pong (the send's own
     // completion is awaited in parallel, as perftest harvests it).
     ready_rx.await?;
-    let mut samples = Vec::with_capacity(iters);
+    let mut hist = common::histogram();
     let total = Instant::now();
     for i in 0..iters {
         let t = Instant::now();
@@ -143,7 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "pong receive posted"
         );
         let ((sres, p), (rres, rx)) = tokio::join!(a.send(ping.slice(0..size)), a_recv);
-        samples.push(t.elapsed());
+        common::record(&mut hist, t.elapsed());
         sres?;
         ping = p.into_inner();
         assert_eq!(rres?.len, size, "pong {i} length");
@@ -157,29 +155,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let _b = echo.await??;
 
-    samples.sort();
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!();
-    println!(
-        "pingpong: {} round trips of {} bytes, mode {:?}, {:.2} s",
-        args.iters,
-        args.size,
-        args.mode,
-        wall.as_secs_f64()
-    );
-    println!(
-        " #bytes  #iters  t_min[us]  t_p50[us]  t_p90[us]  t_p99[us]  t_p99.9[us]  t_max[us]  (round trip)"
-    );
-    println!(
-        " {:<7} {:<7} {:>9.2} {:>10.2} {:>10.2} {:>10.2} {:>12.2} {:>10.2}",
-        args.size,
-        args.iters,
-        us(samples[0]),
-        us(percentile(&samples, 0.50)),
-        us(percentile(&samples, 0.90)),
-        us(percentile(&samples, 0.99)),
-        us(percentile(&samples, 0.999)),
-        us(*samples.last().expect("samples"))
+    common::latency_table(
+        &format!(
+            "pingpong: {iters} round trips of {size} bytes, mode {mode:?}, {:.2} s",
+            wall.as_secs_f64()
+        ),
+        size,
+        &hist,
     );
     let stats = driver.stats();
     println!("driver: {stats:?}");

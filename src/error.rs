@@ -1,13 +1,22 @@
 //! The crate's error type.
 //!
 //! Every failing verb has its own variant carrying the OS error it returned, so a log line or a
-//! test failure names the exact call that failed. Failed work completions carry the
-//! [`WcStatus`] the device reported.
+//! test failure names the exact call that failed. The message names the errno
+//! (`rdma_bind_addr(192.0.2.1:7470) failed: EADDRINUSE (Address already in use); ...`) and,
+//! where the cause is a common one (no RDMA device, address in use, an address no RDMA device
+//! owns, the locked-memory limit), says what to do about it; the [`std::io::Error`] stays the
+//! error's `source`. Failed work completions carry the [`WcStatus`] the device reported.
 
 use std::fmt;
 use std::io;
+use std::net::SocketAddr;
 
 use crate::verbs::QpState;
+
+mod hint;
+
+pub(crate) use hint::is_loopback;
+use hint::{Call, cause, event_hint};
 
 /// A specialised `Result` for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -15,7 +24,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Errors from the RDMA verbs, the connection layer and the async engine.
 ///
 /// Each verb that can fail has one variant holding the `errno` it returned as a
-/// [`std::io::Error`] (its `source`). Convert into [`std::io::Error`] with `?` or `.into()`.
+/// [`std::io::Error`] (its `source`); the message names the errno and, for common causes, what
+/// to do. Convert into [`std::io::Error`] with `?` or `.into()`; [`Error::raw_os_error`] gives
+/// the code.
 ///
 /// # Examples
 ///
@@ -32,11 +43,21 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// `ibv_get_device_list` failed (for example the kernel has no RDMA support).
-    #[error("ibv_get_device_list failed")]
+    /// `ibv_get_device_list` failed: the kernel has no RDMA verbs support (`ENOSYS`), or no
+    /// device at all.
+    ///
+    /// What to do: load an RDMA driver (for soft-RoCE `modprobe rdma_rxe`, then
+    /// `rdma link add rxe0 type rxe netdev eth0`) and check that `rdma link` lists a link.
+    #[error("ibv_get_device_list failed{}", cause(Call::GetDeviceList, .0))]
     GetDeviceList(#[source] io::Error),
     /// No RDMA device with the requested name exists.
-    #[error("RDMA device {name:?} not found (available: {available:?})")]
+    ///
+    /// What to do: use one of `available` (`rdma link` and `ibv_devices` list them too); if
+    /// the list is empty, no RDMA device is configured (see [`Error::GetDeviceList`]).
+    #[error(
+        "RDMA device {name:?} not found (available: {available:?}); {}",
+        device_hint(available)
+    )]
     DeviceNotFound {
         /// The requested device name.
         name: String,
@@ -44,13 +65,23 @@ pub enum Error {
         available: Vec<String>,
     },
     /// No device has a port in the ACTIVE state.
-    #[error("no RDMA device has an active port (devices: {devices:?})")]
+    ///
+    /// What to do: bring a link up (`rdma link` shows its state; its netdev must be up:
+    /// `ip link set NETDEV up`), or, if `devices` is empty, configure a device (see
+    /// [`Error::GetDeviceList`]).
+    #[error(
+        "no RDMA device has an active port (devices: {devices:?}); {}",
+        active_hint(devices)
+    )]
     NoActivePort {
         /// The devices that were inspected.
         devices: Vec<String>,
     },
     /// `ibv_open_device` failed.
-    #[error("ibv_open_device({name}) failed")]
+    ///
+    /// What to do: `EACCES`/`EPERM` mean the process may not open `/dev/infiniband/uverbs*`
+    /// (run as root, or give the user access); otherwise the device is unusable (`dmesg`).
+    #[error("ibv_open_device({name}) failed{}", cause(Call::OpenDevice, source))]
     OpenDevice {
         /// The device name.
         name: String,
@@ -58,11 +89,16 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// `ibv_query_device` failed.
-    #[error("ibv_query_device failed")]
+    /// `ibv_query_device` failed (also: reading the device's asynchronous events failed).
+    ///
+    /// What to do: the device is unusable; check `dmesg` and `rdma link`.
+    #[error("ibv_query_device failed{}", cause(Call::Other, .0))]
     QueryDevice(#[source] io::Error),
     /// `ibv_query_port` failed.
-    #[error("ibv_query_port(port {port}) failed")]
+    ///
+    /// What to do: `EINVAL` means the port does not exist (ports count from 1 to
+    /// [`DeviceAttr::phys_port_cnt`](crate::verbs::DeviceAttr::phys_port_cnt)).
+    #[error("ibv_query_port(port {port}) failed{}", cause(Call::Other, source))]
     QueryPort {
         /// The port number.
         port: u8,
@@ -71,7 +107,12 @@ pub enum Error {
         source: io::Error,
     },
     /// `ibv_query_gid_table` / `ibv_query_gid` failed.
-    #[error("querying the GID table of port {port} failed")]
+    ///
+    /// What to do: check the port exists and its link is up (`rdma link`).
+    #[error(
+        "querying the GID table of port {port} failed{}",
+        cause(Call::Other, source)
+    )]
     QueryGid {
         /// The port number.
         port: u8,
@@ -80,19 +121,29 @@ pub enum Error {
         source: io::Error,
     },
     /// The port has no GID usable for RoCE / InfiniBand addressing.
-    #[error("port {port} has no usable GID")]
+    ///
+    /// What to do: for RoCE, give the link's netdev an IP address (`ip addr add ... dev
+    /// NETDEV`) and bring it up; GIDs follow the netdev's addresses.
+    #[error("port {port} has no usable GID (does the RDMA link's netdev have an IP address?)")]
     NoUsableGid {
         /// The port number.
         port: u8,
     },
     /// `ibv_alloc_pd` failed.
-    #[error("ibv_alloc_pd failed")]
+    ///
+    /// What to do: usually out of memory or device resources; release protection domains.
+    #[error("ibv_alloc_pd failed{}", cause(Call::Other, .0))]
     AllocPd(#[source] io::Error),
     /// `ibv_create_comp_channel` failed.
-    #[error("ibv_create_comp_channel failed")]
+    ///
+    /// What to do: `EMFILE` means the process is out of file descriptors (`ulimit -n`).
+    #[error("ibv_create_comp_channel failed{}", cause(Call::Other, .0))]
     CreateCompChannel(#[source] io::Error),
     /// `ibv_create_cq` failed.
-    #[error("ibv_create_cq(cqe={cqe}) failed")]
+    ///
+    /// What to do: `EINVAL`: ask for at most the device's `max_cqe`; `ENOMEM`: raise
+    /// `RLIMIT_MEMLOCK` (`ulimit -l`) or use fewer/smaller queues.
+    #[error("ibv_create_cq(cqe={cqe}) failed{}", cause(Call::CreateCq, source))]
     CreateCq {
         /// Requested number of entries.
         cqe: u32,
@@ -101,19 +152,32 @@ pub enum Error {
         source: io::Error,
     },
     /// `ibv_req_notify_cq` failed.
-    #[error("ibv_req_notify_cq failed")]
+    ///
+    /// What to do: the completion queue is unusable; drop it and its queue pairs.
+    #[error("ibv_req_notify_cq failed{}", cause(Call::Other, .0))]
     ReqNotifyCq(#[source] io::Error),
     /// `ibv_poll_cq` failed.
-    #[error("ibv_poll_cq failed")]
+    ///
+    /// What to do: the completion queue is unusable (often it overran: make it larger than
+    /// the work requests that can be outstanding on it).
+    #[error("ibv_poll_cq failed{}", cause(Call::Other, .0))]
     PollCq(#[source] io::Error),
     /// `ibv_get_cq_event` failed.
-    #[error("ibv_get_cq_event failed")]
+    ///
+    /// What to do: the completion channel is unusable; drop it and its completion queues.
+    #[error("ibv_get_cq_event failed{}", cause(Call::Other, .0))]
     GetCqEvent(#[source] io::Error),
     /// `ibv_create_qp` failed.
-    #[error("ibv_create_qp failed")]
+    ///
+    /// What to do: `EINVAL`: keep [`QpCaps`](crate::verbs::QpCaps) within the device's
+    /// limits (`ibv_devinfo -v`); `ENOMEM`: raise `RLIMIT_MEMLOCK` or use smaller queues.
+    #[error("ibv_create_qp failed{}", cause(Call::CreateQp, .0))]
     CreateQp(#[source] io::Error),
     /// `ibv_modify_qp` failed while moving the queue pair to `to`.
-    #[error("ibv_modify_qp to {to:?} failed")]
+    ///
+    /// What to do: check the attributes of that transition (port, GID index, MTU, the
+    /// peer's QPN/PSN) and that the queue pair is in the state the transition starts from.
+    #[error("ibv_modify_qp to {to:?} failed{}", cause(Call::ModifyQp, source))]
     ModifyQp {
         /// The target state.
         to: QpState,
@@ -122,13 +186,17 @@ pub enum Error {
         source: io::Error,
     },
     /// `ibv_query_qp` failed.
-    #[error("ibv_query_qp failed")]
-    QueryQp(#[source] io::Error),
-    /// `ibv_reg_mr` failed.
     ///
-    /// `ENOMEM`/`EPERM`/`EFAULT` here usually mean the locked-memory limit (`RLIMIT_MEMLOCK`,
-    /// `ulimit -l`) is too low for the registration.
-    #[error("ibv_reg_mr of {len} bytes failed{hint}", hint = memlock_hint(source))]
+    /// What to do: the queue pair is unusable; drop it.
+    #[error("ibv_query_qp failed{}", cause(Call::Other, .0))]
+    QueryQp(#[source] io::Error),
+    /// `ibv_reg_mr` failed (for `ENOMEM`/`EPERM` with a finite limit, the registration
+    /// layers report [`Error::MemlockExhausted`] instead).
+    ///
+    /// What to do: `ENOMEM`/`EPERM`: raise `RLIMIT_MEMLOCK` (`ulimit -l`); `EFAULT`: the range
+    /// is not mapped memory of this process; `EINVAL`: access flags the device does not
+    /// support.
+    #[error("ibv_reg_mr of {len} bytes failed{}", cause(Call::RegMr, source))]
     RegMr {
         /// Length of the region.
         len: usize,
@@ -137,7 +205,13 @@ pub enum Error {
         source: io::Error,
     },
     /// `ibv_post_send` failed (nothing from index `bad_index` on was posted).
-    #[error("ibv_post_send failed at work request {bad_index}")]
+    ///
+    /// What to do: `ENOMEM`: the send queue is full, wait for completions; `EINVAL`: the work
+    /// request exceeds the queue pair's capabilities.
+    #[error(
+        "ibv_post_send failed at work request {bad_index}{}",
+        cause(Call::PostSend, source)
+    )]
     PostSend {
         /// Index of the first work request that was not posted.
         bad_index: usize,
@@ -146,7 +220,12 @@ pub enum Error {
         source: io::Error,
     },
     /// `ibv_post_recv` failed (nothing from index `bad_index` on was posted).
-    #[error("ibv_post_recv failed at work request {bad_index}")]
+    ///
+    /// What to do: as for [`Error::PostSend`], on the receive queue.
+    #[error(
+        "ibv_post_recv failed at work request {bad_index}{}",
+        cause(Call::PostRecv, source)
+    )]
     PostRecv {
         /// Index of the first work request that was not posted.
         bad_index: usize,
@@ -158,12 +237,20 @@ pub enum Error {
     /// not complete. The operation whose work completion failed first and every operation
     /// outstanding on the queue pair, or started later, report the same cause (for a failed
     /// work completion, [`QpFailure::WorkCompletion`] with its status).
+    ///
+    /// What to do: the queue pair (connection) is finished; open a new one. The
+    /// [`QpFailure`] says whose fault it was.
     #[error("queue pair failed: {0}")]
     QpFailed(QpFailure),
     /// Waiting for an RDMA CM event's descriptor failed.
-    #[error("RDMA CM event channel failed")]
+    ///
+    /// What to do: the event channel is unusable; drop it and the ids on it.
+    #[error("RDMA CM event channel failed{}", cause(Call::Other, .0))]
     CmChannel(#[source] io::Error),
     /// A step did not finish in time.
+    ///
+    /// What to do: check the peer is up and reachable; under emulation (soft-RoCE in a VM)
+    /// allow longer.
     #[error("{what} did not happen within {after:?}")]
     Timeout {
         /// What was awaited.
@@ -172,11 +259,33 @@ pub enum Error {
         after: std::time::Duration,
     },
     /// An argument was rejected before any verb was called.
+    ///
+    /// What to do: fix the argument the message names.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A loopback address (127.0.0.0/8, `::1`) was given to RDMA CM. No RDMA device owns a
+    /// loopback address: binding one appears to work, and the connection then fails when the
+    /// route is resolved. Refused before any RDMA CM call.
+    ///
+    /// What to do: use an IP address of an RDMA link's netdev (`rdma link` names the netdev,
+    /// `ip -4 addr show dev NETDEV` its address), or the unspecified address to listen on all.
+    #[error(
+        "{addr} is a loopback address, which is not an RDMA address ({call}): use an IP address \
+         of an RDMA link's netdev (`rdma link` names the netdev, `ip -4 addr show dev NETDEV` \
+         its address)"
+    )]
+    LoopbackAddress {
+        /// The address given.
+        addr: SocketAddr,
+        /// The call that refused it: `"rdma_bind_addr"` or `"rdma_resolve_addr"`.
+        call: &'static str,
+    },
     /// `ibv_reg_mr` failed because the locked-memory limit is exhausted: registration pins
     /// memory, and pinned bytes count against `RLIMIT_MEMLOCK` (`ulimit -l`) unless the process
     /// has `CAP_IPC_LOCK`.
+    ///
+    /// What to do: raise the limit (`ulimit -l unlimited`, `memlock` in
+    /// /etc/security/limits.conf, `LimitMEMLOCK=` for a systemd unit), or register less.
     #[error(
         "ibv_reg_mr of {len} bytes failed: RLIMIT_MEMLOCK (ulimit -l) is {limit} bytes{locked}; \
          raise it (e.g. `ulimit -l unlimited`, or memlock in /etc/security/limits.conf)",
@@ -194,7 +303,14 @@ pub enum Error {
         source: io::Error,
     },
     /// `mmap` of memory for a registered-buffer pool failed.
-    #[error("mmap of {len} bytes{kind} failed", kind = if *huge { " (2 MiB huge pages)" } else { "" })]
+    ///
+    /// What to do: `ENOMEM` with huge pages: reserve them (`vm.nr_hugepages`) or use
+    /// [`HugePages::Never`](crate::verbs::HugePages::Never); otherwise use a smaller pool.
+    #[error(
+        "mmap of {len} bytes{kind} failed{}",
+        cause(Call::Other, source),
+        kind = if *huge { " (2 MiB huge pages)" } else { "" }
+    )]
     MapMemory {
         /// Requested length.
         len: usize,
@@ -205,68 +321,109 @@ pub enum Error {
         source: io::Error,
     },
     /// `ibv_alloc_mw` failed.
-    #[error("ibv_alloc_mw failed")]
+    ///
+    /// What to do: `EOPNOTSUPP`: the device has no memory windows; grant memory with a
+    /// memory region instead.
+    #[error("ibv_alloc_mw failed{}", cause(Call::AllocMw, .0))]
     AllocMw(#[source] io::Error),
     /// Posting a memory-window bind (`IBV_WR_BIND_MW`) failed.
-    #[error("posting a memory window bind failed")]
+    ///
+    /// What to do: as for [`Error::PostSend`]; check the region allows `MW_BIND`.
+    #[error("posting a memory window bind failed{}", cause(Call::PostSend, .0))]
     BindMw(#[source] io::Error),
     /// The device, or the buffer, does not support what was asked.
+    ///
+    /// What to do: do without the feature the message names, or use a device that has it.
     #[error("unsupported: {0}")]
     Unsupported(String),
     /// `rdma_create_event_channel` failed (`ENODEV`/`ENOSYS`: no RDMA CM support, e.g. the
     /// `rdma_ucm` module is not loaded or `/dev/infiniband/rdma_cm` is missing).
-    #[error("rdma_create_event_channel failed")]
+    ///
+    /// What to do: `modprobe rdma_ucm` and configure an RDMA device (`rdma link`).
+    #[error("rdma_create_event_channel failed{}", cause(Call::CreateEventChannel, .0))]
     CreateEventChannel(#[source] io::Error),
     /// `rdma_create_id` failed.
-    #[error("rdma_create_id failed")]
+    ///
+    /// What to do: as for [`Error::CreateEventChannel`]; `EMFILE`/`ENOMEM`: too many ids.
+    #[error("rdma_create_id failed{}", cause(Call::CreateCmId, .0))]
     CreateCmId(#[source] io::Error),
     /// `rdma_bind_addr` failed.
-    #[error("rdma_bind_addr({addr}) failed")]
+    ///
+    /// What to do: `EADDRINUSE`: another id holds the port, pick another (or 0);
+    /// `EADDRNOTAVAIL`/`ENODEV`: bind an address of an RDMA link's netdev.
+    #[error("rdma_bind_addr({addr}) failed{}", cause(Call::BindAddr, source))]
     BindAddr {
         /// The address to bind.
-        addr: std::net::SocketAddr,
+        addr: SocketAddr,
         /// The OS error.
         #[source]
         source: io::Error,
     },
     /// `rdma_listen` failed.
-    #[error("rdma_listen failed")]
+    ///
+    /// What to do: `EADDRINUSE`: another listener holds the port; pick another.
+    #[error("rdma_listen failed{}", cause(Call::Listen, .0))]
     Listen(#[source] io::Error),
     /// `rdma_resolve_addr` failed to start.
-    #[error("rdma_resolve_addr(to {dst}) failed")]
+    ///
+    /// What to do: use a destination (and source) that an RDMA device routes to (`rdma link`,
+    /// `ip route get DST`).
+    #[error(
+        "rdma_resolve_addr(to {dst}) failed{}",
+        cause(Call::ResolveAddr, source)
+    )]
     ResolveAddr {
         /// The destination address.
-        dst: std::net::SocketAddr,
+        dst: SocketAddr,
         /// The OS error.
         #[source]
         source: io::Error,
     },
     /// `rdma_resolve_route` failed to start.
-    #[error("rdma_resolve_route failed")]
+    ///
+    /// What to do: resolve the address first (wait for `ADDR_RESOLVED`); check the path to
+    /// the peer goes over an RDMA link's netdev.
+    #[error("rdma_resolve_route failed{}", cause(Call::Other, .0))]
     ResolveRoute(#[source] io::Error),
     /// `rdma_connect` failed.
-    #[error("rdma_connect failed")]
+    ///
+    /// What to do: the route must be resolved and the queue pair in INIT; retry with a new id.
+    #[error("rdma_connect failed{}", cause(Call::Other, .0))]
     CmConnect(#[source] io::Error),
     /// `rdma_accept` failed.
-    #[error("rdma_accept failed")]
+    ///
+    /// What to do: the request may have been withdrawn by the client; drop the id.
+    #[error("rdma_accept failed{}", cause(Call::Other, .0))]
     CmAccept(#[source] io::Error),
     /// `rdma_reject` failed.
-    #[error("rdma_reject failed")]
+    ///
+    /// What to do: nothing more to do for that request; drop its id.
+    #[error("rdma_reject failed{}", cause(Call::Other, .0))]
     CmReject(#[source] io::Error),
     /// `rdma_establish` failed.
-    #[error("rdma_establish failed")]
+    ///
+    /// What to do: the connection is not usable; drop the id and connect again.
+    #[error("rdma_establish failed{}", cause(Call::Other, .0))]
     CmEstablish(#[source] io::Error),
     /// `rdma_disconnect` failed.
-    #[error("rdma_disconnect failed")]
+    ///
+    /// What to do: usually the connection was already gone; drop the id.
+    #[error("rdma_disconnect failed{}", cause(Call::Other, .0))]
     CmDisconnect(#[source] io::Error),
     /// `rdma_notify` failed.
-    #[error("rdma_notify failed")]
+    ///
+    /// What to do: the id is not connected; drop it.
+    #[error("rdma_notify failed{}", cause(Call::Other, .0))]
     CmNotify(#[source] io::Error),
     /// `rdma_migrate_id` failed.
-    #[error("rdma_migrate_id failed")]
+    ///
+    /// What to do: keep the id on its old channel, or drop it.
+    #[error("rdma_migrate_id failed{}", cause(Call::Other, .0))]
     MigrateId(#[source] io::Error),
     /// `rdma_set_option` failed.
-    #[error("rdma_set_option({option}) failed")]
+    ///
+    /// What to do: the option (or its value) is not supported here; do without it.
+    #[error("rdma_set_option({option}) failed{}", cause(Call::Other, source))]
     CmSetOption {
         /// The option.
         option: &'static str,
@@ -275,14 +432,21 @@ pub enum Error {
         source: io::Error,
     },
     /// `rdma_get_cm_event` failed (other than "no event pending").
-    #[error("rdma_get_cm_event failed")]
+    ///
+    /// What to do: the event channel is unusable; drop it and the ids on it.
+    #[error("rdma_get_cm_event failed{}", cause(Call::Other, .0))]
     GetCmEvent(#[source] io::Error),
     /// `rdma_get_devices` failed.
-    #[error("rdma_get_devices failed")]
+    ///
+    /// What to do: `ENODEV`: no RDMA device (see [`Error::GetDeviceList`]).
+    #[error("rdma_get_devices failed{}", cause(Call::GetCmDevices, .0))]
     GetCmDevices(#[source] io::Error),
     /// `rdma_init_qp_attr` failed for the target state `to` (the CM id is not far enough in
     /// its connection setup for that state, or has no device yet).
-    #[error("rdma_init_qp_attr for {to:?} failed")]
+    ///
+    /// What to do: move the queue pair only after the matching CM step (INIT after address
+    /// resolution, RTR/RTS after the connect response).
+    #[error("rdma_init_qp_attr for {to:?} failed{}", cause(Call::Other, source))]
     InitQpAttr {
         /// The target state.
         to: QpState,
@@ -291,6 +455,8 @@ pub enum Error {
         source: io::Error,
     },
     /// Private data longer than the transport carries in this message.
+    ///
+    /// What to do: send at most `max` bytes; put the rest in the first message.
     #[error("{len} bytes of private data exceed the {max}-byte limit of {what}")]
     PrivateDataTooLong {
         /// The message: `"rdma_connect"`, `"rdma_accept"` or `"rdma_reject"`.
@@ -304,6 +470,9 @@ pub enum Error {
     /// is what the peer passed to `rdma_reject` (padded with zeros by the transport); `status`
     /// is the transport's reject reason (InfiniBand CM: 8 = no listener on that service ID /
     /// port, 28 = rejected by the peer application).
+    ///
+    /// What to do: reason 8: start the server, or connect to the port it listens on; reason
+    /// 28: read the peer's private data (a tokio-rdma listener says why in it).
     #[error(
         "connection rejected (RDMA_CM_EVENT_REJECTED, reason {status}: {reason}){pd}",
         pd = private_data_note(private_data)
@@ -319,7 +488,11 @@ pub enum Error {
     /// An RDMA CM event reported a failure: `RDMA_CM_EVENT_ADDR_ERROR`, `ROUTE_ERROR`,
     /// `CONNECT_ERROR`, `UNREACHABLE`, `DEVICE_REMOVAL`, or an error status on another event.
     /// `source` holds the errno when the status is a negative errno.
-    #[error("{event} (status {status})")]
+    ///
+    /// What to do: `ADDR_ERROR`/`ROUTE_ERROR`: the address is not reachable over an RDMA
+    /// device (`rdma link`, `ip route get`); `UNREACHABLE`: the peer did not answer (is it
+    /// running, is its link up?).
+    #[error("{event} (status {status}{}){}", status_name(*status), event_note(event, *status))]
     CmEventFailed {
         /// The event name as `rdma_event_str` prints it.
         event: &'static str,
@@ -330,6 +503,9 @@ pub enum Error {
         source: Option<io::Error>,
     },
     /// An RDMA CM event arrived that the connection setup did not expect at this step.
+    ///
+    /// What to do: the peer does not follow the expected protocol, or the ids were shared;
+    /// drop the id and connect again.
     #[error("unexpected RDMA CM event {got} (expected {expected})")]
     UnexpectedCmEvent {
         /// What the setup was waiting for.
@@ -338,8 +514,38 @@ pub enum Error {
         got: &'static str,
     },
     /// The connection handshake (private data) was malformed or incompatible.
+    ///
+    /// What to do: both sides must run compatible tokio-rdma versions with compatible
+    /// options; a foreign peer needs the raw CM layer ([`crate::verbs::CmId`]).
     #[error("handshake: {0}")]
     Handshake(#[from] crate::conn::handshake::HandshakeError),
+}
+
+fn device_hint(available: &[String]) -> &'static str {
+    if available.is_empty() {
+        hint::NO_DEVICE
+    } else {
+        "check the name against `rdma link` or `ibv_devices`"
+    }
+}
+
+fn active_hint(devices: &[String]) -> &'static str {
+    if devices.is_empty() {
+        hint::NO_DEVICE
+    } else {
+        "check `rdma link`: a link must be ACTIVE, with its netdev up"
+    }
+}
+
+fn status_name(status: i32) -> String {
+    match status.checked_neg().and_then(hint::errno_name) {
+        Some(name) => format!(", {name}"),
+        None => String::new(),
+    }
+}
+
+fn event_note(event: &str, status: i32) -> String {
+    event_hint(event, status).map_or_else(String::new, |h| format!("; {h}"))
 }
 
 fn private_data_note(pd: &[u8]) -> String {
@@ -347,7 +553,7 @@ fn private_data_note(pd: &[u8]) -> String {
     if used == 0 {
         return String::new();
     }
-    let shown = &pd[..used.min(64)];
+    let shown = &pd[..used.min(crate::verbs::MAX_REJECT_PRIVATE_DATA)];
     match std::str::from_utf8(shown) {
         Ok(text) if text.chars().all(|c| !c.is_control()) => format!(", peer said {text:?}"),
         _ => format!(", private data {shown:02x?}"),
@@ -474,15 +680,6 @@ impl ProtocolError {
     }
 }
 
-fn memlock_hint(err: &io::Error) -> &'static str {
-    match err.raw_os_error() {
-        Some(libc::ENOMEM) | Some(libc::EPERM) | Some(libc::EFAULT) => {
-            " (is RLIMIT_MEMLOCK / `ulimit -l` large enough?)"
-        }
-        _ => "",
-    }
-}
-
 impl Error {
     /// The underlying OS error code, if this error came from a failing verb.
     pub fn raw_os_error(&self) -> Option<i32> {
@@ -508,6 +705,7 @@ impl From<Error> for io::Error {
         let kind = match &err {
             Error::DeviceNotFound { .. } | Error::NoActivePort { .. } => io::ErrorKind::NotFound,
             Error::InvalidArgument(_) => io::ErrorKind::InvalidInput,
+            Error::LoopbackAddress { .. } => io::ErrorKind::AddrNotAvailable,
             Error::QpFailed(QpFailure::Protocol(_) | QpFailure::PeerReported(_)) => {
                 io::ErrorKind::InvalidData
             }
@@ -644,47 +842,4 @@ impl fmt::Display for WcStatus {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wc_status_names_round_trip() {
-        assert_eq!(
-            WcStatus::from_raw(crate::sys::IBV_WC_SUCCESS),
-            WcStatus::Success
-        );
-        let s = WcStatus::from_raw(crate::sys::IBV_WC_REM_ACCESS_ERR);
-        assert_eq!(s.name(), "IBV_WC_REM_ACCESS_ERR");
-        assert_eq!(s.to_string(), "IBV_WC_REM_ACCESS_ERR (Remote access error)");
-        assert_eq!(WcStatus::from_raw(9999), WcStatus::Unknown(9999));
-    }
-
-    #[test]
-    fn io_error_kinds() {
-        let e: io::Error = Error::QpFailed(QpFailure::WorkCompletion {
-            status: WcStatus::RemAccessErr,
-            vendor_err: 0,
-        })
-        .into();
-        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
-        let e: io::Error = Error::DeviceNotFound {
-            name: "x".into(),
-            available: vec![],
-        }
-        .into();
-        assert_eq!(e.kind(), io::ErrorKind::NotFound);
-        let e: io::Error =
-            Error::code(libc::ENOMEM, |source| Error::RegMr { len: 1, source }).into();
-        assert_eq!(e.kind(), io::ErrorKind::OutOfMemory);
-        assert!(
-            Error::code(-libc::EINVAL, Error::AllocPd).raw_os_error() == Some(libc::EINVAL),
-            "negative codes are normalised"
-        );
-    }
-
-    #[test]
-    fn reg_mr_names_memlock() {
-        let e = Error::code(libc::ENOMEM, |source| Error::RegMr { len: 4096, source });
-        assert!(e.to_string().contains("RLIMIT_MEMLOCK"), "{e}");
-    }
-}
+mod tests;

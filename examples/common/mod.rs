@@ -1,8 +1,11 @@
-//! Small helpers shared by the examples: argument parsing and latency tables.
+//! Small helpers shared by the examples: the common `clap` flags and latency tables from an
+//! HDR histogram.
 #![allow(dead_code, clippy::print_stdout, unreachable_pub)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
+
+use hdrhistogram::Histogram;
 
 /// Where the examples listen/connect when no address is given: rxe0's address in the soft-RoCE
 /// VM, or `$TOKIO_RDMA_ADDR`.
@@ -21,63 +24,59 @@ pub enum Role {
     Client(SocketAddr),
 }
 
-/// Parses the common flags; returns the role and the remaining `(flag, value)` pairs.
-pub fn parse(port: u16) -> (Role, bool, Vec<(String, String)>) {
-    let mut role = Role::Both(default_addr(port));
-    let mut smoke = false;
-    let mut rest = Vec::new();
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--smoke" => smoke = true,
-            "--listen" => {
-                role = Role::Server(
-                    it.next()
-                        .expect("--listen ADDR")
-                        .parse()
-                        .expect("ADDR as ip:port"),
-                )
-            }
-            "--connect" => {
-                role = Role::Client(
-                    it.next()
-                        .expect("--connect ADDR")
-                        .parse()
-                        .expect("ADDR as ip:port"),
-                )
-            }
-            flag if flag.starts_with("--") => {
-                rest.push((flag.to_string(), it.next().unwrap_or_default()))
-            }
-            other => panic!("unexpected argument {other}"),
-        }
-    }
-    (role, smoke, rest)
+/// The flags every connection example takes (flatten into its `clap` parser).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RoleArgs {
+    /// Run only the server, listening on ADDR (ip:port of an RDMA device's netdev)
+    #[arg(long, value_name = "ADDR", conflicts_with = "connect")]
+    pub listen: Option<SocketAddr>,
+    /// Run only the client, connecting to ADDR (ip:port)
+    #[arg(long, value_name = "ADDR")]
+    pub connect: Option<SocketAddr>,
+    /// Small iteration counts (the test suite's smoke run)
+    #[arg(long)]
+    pub smoke: bool,
 }
 
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
+impl RoleArgs {
+    /// The role: server, client, or both in this process on [`default_addr`]`(port)`.
+    pub fn role(&self, port: u16) -> Role {
+        match (self.listen, self.connect) {
+            (Some(a), _) => Role::Server(a),
+            (None, Some(a)) => Role::Client(a),
+            (None, None) => Role::Both(default_addr(port)),
+        }
+    }
+}
+
+/// A histogram of latencies in nanoseconds, 1 ns to 1 h at 3 significant digits.
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Records one latency sample (saturating at the histogram's upper bound).
+pub fn record(h: &mut Histogram<u64>, d: Duration) {
+    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
+    h.saturating_record(ns);
 }
 
 /// Prints a perftest-style latency table of round-trip samples (also as half round trips,
 /// which is what perftest's `ib_send_lat` reports).
-pub fn latency_table(title: &str, size: usize, samples: &mut [Duration]) {
-    samples.sort();
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
+pub fn latency_table(title: &str, size: usize, h: &Histogram<u64>) {
+    let us = |ns: u64| ns as f64 / 1e3;
     println!("{title}");
     println!(" #bytes  #iters  t_min[us]  t_p50[us]  t_p90[us]  t_p99[us]  t_p99.9[us]  t_max[us]");
     let row = |name: &str, div: f64| {
         println!(
             " {:<7} {:<7} {:>9.2} {:>10.2} {:>10.2} {:>10.2} {:>12.2} {:>10.2}   {name}",
             size,
-            samples.len(),
-            us(samples[0]) / div,
-            us(percentile(samples, 0.50)) / div,
-            us(percentile(samples, 0.90)) / div,
-            us(percentile(samples, 0.99)) / div,
-            us(percentile(samples, 0.999)) / div,
-            us(*samples.last().expect("samples")) / div,
+            h.len(),
+            us(h.min()) / div,
+            us(h.value_at_quantile(0.50)) / div,
+            us(h.value_at_quantile(0.90)) / div,
+            us(h.value_at_quantile(0.99)) / div,
+            us(h.value_at_quantile(0.999)) / div,
+            us(h.max()) / div,
         );
     };
     row("round trip", 1.0);

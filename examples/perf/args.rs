@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, Subcommand};
 use tokio_rdma::driver::CompletionMode;
 
 /// The six tests, named like perftest's binaries.
@@ -199,13 +201,10 @@ pub struct Args {
     pub clients: usize,
 }
 
-pub const USAGE: &str = "\
-perf: perftest-style latency and bandwidth benchmark for tokio-rdma.
+const ABOUT: &str = "perftest-style latency and bandwidth benchmark for tokio-rdma";
 
-Usage:
-  perf --server [--port P] [--dev NAME] [--clients N]
-  perf --client HOST [--port P] [--test TEST] [OPTIONS]
-  perf plot --svg OUT [--title T] NAME=SAMPLES_FILE...
+const LONG_ABOUT: &str = "\
+perftest-style latency and bandwidth benchmark for tokio-rdma.
 
 Like perftest it runs as two processes: the server waits on a TCP port (default 18600), the
 client connects, sends the test configuration, and both exchange queue-pair endpoints and a
@@ -221,188 +220,270 @@ Tests (--test, default write_lat):
              --depth operations outstanding per queue pair (like ib_*_bw); bandwidth in MiB/s
              (perftest's MB/sec), message rate in Mop/s, and each op's post-to-completion time
 
-Client options:
-  --size N           message size in bytes (default 2 for latency, 65536 for bandwidth)
-  --sizes A,B,...    several sizes in one run
-  --sweep            2 B .. 8 MiB, powers of two (perftest -a)
-  --iters N          measured iterations per size and queue pair (default 1000 lat, 5000 bw)
-  --warmup N         unmeasured iterations before each size (default 0, like perftest)
-  --depth D          outstanding ops per queue pair in bandwidth tests (default 128)
-  --rx-depth R       receives kept posted by the send_bw server (default 512)
-  --qps N            queue pairs (bandwidth tests; default 1)
-  --mode M           busy | adaptive[:SPIN_US] | event (default busy); used by both sides
-  --inline N         send payloads up to N bytes inline (default: perftest's, 220 for write_lat,
-                     236 for send_lat, 0 otherwise); --no-inline = --inline 0
-  --signal-every N   QpOptions::signal_every (default 16, the driver's default)
-  --coalesce on|off  QpOptions::coalesce (default off for latency, on for bandwidth)
-  --engine E         async (default): the tokio-rdma driver; verbs: the same latency loop on
-                     the crate's verbs layer (post + busy-poll the CQ, no driver), a baseline
-  --json             one JSON object per size on stdout instead of the table
-  --svg FILE         write the latency distribution (CDF) as SVG
-  --samples FILE     write the raw latency samples (microseconds, one per line)
-  --quiet            no progress messages on stderr
-";
+Percentiles come from an HDR histogram of the samples (nanosecond resolution, 3 significant
+digits).";
 
-fn bad(msg: impl std::fmt::Display) -> ! {
-    eprintln!("perf: {msg}\n\n{USAGE}");
-    std::process::exit(2);
+/// The command line (`perf --help`).
+#[derive(Debug, Parser)]
+#[command(
+    name = "perf",
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    args_conflicts_with_subcommands = true,
+    override_usage = "perf --server [--port P] [--dev NAME] [--clients N]\n       \
+                      perf --client HOST [--port P] [--test TEST] [OPTIONS]\n       \
+                      perf plot --svg OUT [--title T] NAME=SAMPLES_FILE..."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Run the server: wait for clients on --port
+    #[arg(short = 's', long, conflicts_with = "client", help_heading = "Roles")]
+    server: bool,
+    /// Run the client against the server on HOST
+    #[arg(short = 'c', long, value_name = "HOST", help_heading = "Roles")]
+    client: Option<String>,
+    /// TCP port of the control connection
+    #[arg(short = 'p', long, default_value_t = 18600)]
+    port: u16,
+    /// RDMA device (default: the first with an active port)
+    #[arg(short = 'd', long = "dev", value_name = "NAME")]
+    device: Option<String>,
+    /// Server: serve this many clients, then exit (0: forever)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    clients: usize,
+    /// write_lat | send_lat | read_lat | write_bw | send_bw | read_bw
+    #[arg(short = 't', long, value_name = "TEST", default_value = "write_lat",
+          value_parser = parse_test, help_heading = "Client options")]
+    test: Test,
+    /// Message size in bytes [default: 2 for latency, 65536 for bandwidth]
+    #[arg(long, value_name = "N", conflicts_with_all = ["sizes", "sweep"],
+          help_heading = "Client options")]
+    size: Option<usize>,
+    /// Several sizes in one run
+    #[arg(
+        long,
+        value_name = "A,B,...",
+        value_delimiter = ',',
+        conflicts_with = "sweep",
+        help_heading = "Client options"
+    )]
+    sizes: Option<Vec<usize>>,
+    /// 2 B .. 8 MiB, powers of two (perftest -a)
+    #[arg(short = 'a', long, help_heading = "Client options")]
+    sweep: bool,
+    /// Measured iterations per size and queue pair [default: 1000 latency, 5000 bandwidth]
+    #[arg(short = 'n', long, value_name = "N", help_heading = "Client options")]
+    iters: Option<usize>,
+    /// Unmeasured iterations before each size (like perftest: none)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        help_heading = "Client options"
+    )]
+    warmup: usize,
+    /// Outstanding ops per queue pair in bandwidth tests
+    #[arg(
+        long,
+        value_name = "D",
+        default_value_t = 128,
+        help_heading = "Client options"
+    )]
+    depth: usize,
+    /// Receives kept posted by the send_bw server
+    #[arg(
+        long,
+        value_name = "R",
+        default_value_t = 512,
+        help_heading = "Client options"
+    )]
+    rx_depth: usize,
+    /// Queue pairs (bandwidth tests)
+    #[arg(
+        short = 'q',
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        help_heading = "Client options"
+    )]
+    qps: usize,
+    /// busy | adaptive[:SPIN_US] | event; used by both sides
+    #[arg(long, value_name = "M", default_value = "busy", value_parser = parse_mode,
+          help_heading = "Client options")]
+    mode: CompletionMode,
+    /// Send payloads up to N bytes inline [default: perftest's, 220 for write_lat, 236 for
+    /// send_lat, 0 otherwise]
+    #[arg(
+        short = 'I',
+        long,
+        value_name = "N",
+        conflicts_with = "no_inline",
+        help_heading = "Client options"
+    )]
+    inline: Option<u32>,
+    /// Same as --inline 0
+    #[arg(long, help_heading = "Client options")]
+    no_inline: bool,
+    /// QpOptions::signal_every (the driver's default)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 16,
+        help_heading = "Client options"
+    )]
+    signal_every: u32,
+    /// QpOptions::coalesce: on | off [default: off for latency, on for bandwidth]
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off,
+          help_heading = "Client options")]
+    coalesce: Option<bool>,
+    /// async: the tokio-rdma driver; verbs: the same latency loop on the crate's verbs layer
+    /// (post + busy-poll the CQ, no driver), a baseline
+    #[arg(long, value_name = "E", default_value = "async", value_parser = ["async", "verbs"],
+          help_heading = "Client options")]
+    engine: String,
+    /// One JSON object per size on stdout instead of the table
+    #[arg(long, help_heading = "Output")]
+    json: bool,
+    /// Write the latency distribution (CDF) as SVG
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    svg: Option<String>,
+    /// Write the raw latency samples (microseconds, one per line)
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    samples: Option<String>,
+    /// No progress messages on stderr
+    #[arg(long, help_heading = "Output")]
+    quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Plot the latency CDFs of sample files (ours, or perftest's -U output) as SVG
+    Plot {
+        /// The SVG file to write
+        #[arg(long, value_name = "OUT")]
+        svg: String,
+        /// Title of the plot
+        #[arg(long, value_name = "T", default_value = "latency CDF")]
+        title: String,
+        /// A series: its name and its samples file
+        #[arg(value_name = "NAME=FILE", value_parser = parse_series)]
+        series: Vec<(String, String)>,
+    },
+}
+
+fn parse_test(s: &str) -> Result<Test, String> {
+    Test::parse(s).ok_or_else(|| format!("unknown test {s}"))
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        v => Err(format!("on|off, not {v}")),
+    }
+}
+
+fn parse_series(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(n, f)| (n.to_string(), f.to_string()))
+        .ok_or_else(|| format!("expected NAME=FILE, got {s}"))
 }
 
 pub fn parse() -> Args {
-    parse_from(std::env::args().skip(1).collect())
+    match parse_from(std::env::args().skip(1).collect()) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    }
 }
 
-pub fn parse_from(argv: Vec<String>) -> Args {
-    let mut it = argv.into_iter().peekable();
-    if it.peek().map(String::as_str) == Some("plot") {
-        it.next();
-        let (mut out, mut title, mut series) = (None, String::from("latency CDF"), vec![]);
-        while let Some(a) = it.next() {
-            match a.as_str() {
-                "--svg" => out = it.next(),
-                "--title" => title = it.next().unwrap_or_else(|| bad("--title needs a value")),
-                s => match s.split_once('=') {
-                    Some((n, f)) => series.push((n.to_string(), f.to_string())),
-                    None => bad(format!("plot: expected NAME=FILE, got {s}")),
-                },
-            }
-        }
-        let out = out.unwrap_or_else(|| bad("plot needs --svg OUT"));
-        return Args {
-            role: Role::Plot { out, title, series },
+pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
+    let cli = Cli::try_parse_from(std::iter::once("perf".to_string()).chain(argv))?;
+    let bad = |msg: &str| Err(Cli::command().error(ErrorKind::ValueValidation, msg));
+    if let Some(Command::Plot { svg, title, series }) = cli.command {
+        return Ok(Args {
+            role: Role::Plot {
+                out: svg,
+                title,
+                series,
+            },
             device: None,
             json: false,
             svg: None,
             samples: None,
             quiet: true,
             clients: 0,
-        };
+        });
     }
-
-    let (mut server, mut host, mut port) = (false, None, 18600u16);
-    let mut test = Test::WriteLat;
-    let (mut sizes, mut sweep): (Option<Vec<usize>>, bool) = (None, false);
-    let (mut iters, mut warmup, mut depth, mut rx_depth, mut qps) = (None, 0, 128, 512, 1);
-    let mut mode = CompletionMode::BusyPoll;
-    let (mut inline, mut signal_every, mut coalesce) = (None, 16u32, None);
-    let mut verbs = false;
-    let mut a = Args {
-        role: Role::Server { port },
-        device: None,
-        json: false,
-        svg: None,
-        samples: None,
-        quiet: false,
-        clients: 1,
-    };
-    while let Some(arg) = it.next() {
-        let mut val = || {
-            it.next()
-                .unwrap_or_else(|| bad(format!("{arg} needs a value")))
-        };
-        fn num<T: std::str::FromStr>(flag: &str, v: String) -> T {
-            v.parse()
-                .unwrap_or_else(|_| bad(format!("{flag}: not a number: {v}")))
-        }
-        match arg.as_str() {
-            "--server" | "-s" => server = true,
-            "--client" | "-c" => host = Some(val()),
-            "--port" | "-p" => port = num("--port", val()),
-            "--dev" | "-d" => a.device = Some(val()),
-            "--clients" => a.clients = num("--clients", val()),
-            "--test" | "-t" => {
-                let v = val();
-                test = Test::parse(&v).unwrap_or_else(|| bad(format!("unknown test {v}")))
-            }
-            "--size" => sizes = Some(vec![num("--size", val())]),
-            "--sizes" => {
-                sizes = Some(
-                    val()
-                        .split(',')
-                        .map(|s| num("--sizes", s.to_string()))
-                        .collect(),
-                )
-            }
-            "--sweep" | "-a" => sweep = true,
-            "--iters" | "-n" => iters = Some(num("--iters", val())),
-            "--warmup" => warmup = num("--warmup", val()),
-            "--depth" => depth = num("--depth", val()),
-            "--rx-depth" => rx_depth = num("--rx-depth", val()),
-            "--qps" | "-q" => qps = num("--qps", val()),
-            "--mode" => mode = parse_mode(&val()).unwrap_or_else(|e| bad(e)),
-            "--inline" | "-I" => inline = Some(num("--inline", val())),
-            "--no-inline" => inline = Some(0),
-            "--signal-every" => signal_every = num("--signal-every", val()),
-            "--coalesce" => {
-                coalesce = Some(match val().as_str() {
-                    "on" | "1" | "true" => true,
-                    "off" | "0" | "false" => false,
-                    v => bad(format!("--coalesce on|off, not {v}")),
-                })
-            }
-            "--engine" => {
-                verbs = match val().as_str() {
-                    "verbs" => true,
-                    "async" => false,
-                    v => bad(format!("--engine async|verbs, not {v}")),
-                }
-            }
-            "--json" => a.json = true,
-            "--svg" => a.svg = Some(val()),
-            "--samples" => a.samples = Some(val()),
-            "--quiet" => a.quiet = true,
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bad(format!("unknown argument {other}")),
-        }
-    }
-    a.role = match (server, host) {
-        (true, None) => Role::Server { port },
+    let test = cli.test;
+    let role = match (cli.server, cli.client) {
+        (true, _) => Role::Server { port: cli.port },
         (false, Some(host)) => {
-            let sizes = if sweep {
+            let sizes = if cli.sweep {
                 (1..=23).map(|i| 1usize << i).collect()
+            } else if let Some(sizes) = cli.sizes {
+                sizes
             } else {
-                sizes.unwrap_or_else(|| vec![if test.is_lat() { 2 } else { 65536 }])
+                vec![cli.size.unwrap_or(if test.is_lat() { 2 } else { 65536 })]
             };
             if sizes.iter().any(|&s| s == 0 || s > u32::MAX as usize) {
-                bad("sizes must be between 1 and 4 GiB");
+                return bad("sizes must be between 1 and 4 GiB");
             }
-            if test.is_lat() && qps != 1 {
-                bad("latency tests use one queue pair (as perftest's)");
+            if test.is_lat() && cli.qps != 1 {
+                return bad("latency tests use one queue pair (as perftest's)");
             }
             let default_inline = match test {
                 Test::WriteLat => 220,
                 Test::SendLat => 236,
                 _ => 0,
             };
+            let verbs = cli.engine == "verbs";
             let cfg = TestConfig {
                 test,
                 sizes,
-                iters: iters.unwrap_or(if test.is_lat() { 1000 } else { 5000 }),
-                warmup,
-                depth: if test.is_lat() { 1 } else { depth.max(1) },
-                rx_depth: rx_depth.max(1),
-                qps: qps.max(1),
-                mode,
-                inline: inline.unwrap_or(default_inline),
-                signal_every: signal_every.max(1),
-                coalesce: coalesce.unwrap_or(!test.is_lat()),
+                iters: cli.iters.unwrap_or(if test.is_lat() { 1000 } else { 5000 }),
+                warmup: cli.warmup,
+                depth: if test.is_lat() { 1 } else { cli.depth.max(1) },
+                rx_depth: cli.rx_depth.max(1),
+                qps: cli.qps.max(1),
+                mode: cli.mode,
+                inline: if cli.no_inline {
+                    0
+                } else {
+                    cli.inline.unwrap_or(default_inline)
+                },
+                signal_every: cli.signal_every.max(1),
+                coalesce: cli.coalesce.unwrap_or(!test.is_lat()),
                 verbs,
             };
             if verbs && !test.is_lat() {
-                bad("--engine verbs exists for the latency tests only");
+                return bad("--engine verbs exists for the latency tests only");
             }
             if cfg.iters < 2 {
-                bad("--iters must be at least 2");
+                return bad("--iters must be at least 2");
             }
-            Role::Client { host, port, cfg }
+            Role::Client {
+                host,
+                port: cli.port,
+                cfg,
+            }
         }
-        (true, Some(_)) => bad("--server and --client exclude each other"),
-        (false, None) => bad("say --server or --client HOST"),
+        (false, None) => {
+            return Err(Cli::command().error(
+                ErrorKind::MissingRequiredArgument,
+                "say --server or --client HOST",
+            ));
+        }
     };
-    a
+    Ok(Args {
+        role,
+        device: cli.device,
+        json: cli.json,
+        svg: cli.svg,
+        samples: cli.samples,
+        quiet: cli.quiet,
+        clients: cli.clients,
+    })
 }
 
 #[cfg(test)]
@@ -416,10 +497,32 @@ mod tests {
                 .split(' ')
                 .map(String::from)
                 .collect(),
-        );
+        )
+        .unwrap();
         let Role::Client { cfg, .. } = args.role else {
             panic!()
         };
         assert_eq!(TestConfig::decode(&cfg.encode()).unwrap(), cfg);
+        assert_eq!(cfg.sizes, [64, 65536]);
+        assert_eq!(cfg.inline, 64);
+    }
+
+    #[test]
+    fn help_and_bad_flags_are_clap_errors() {
+        let argv = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let e = parse_from(argv("--help")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::DisplayHelp);
+        assert!(parse_from(argv("--server --client h")).is_err());
+        assert!(parse_from(argv("--client h --test send_lat --qps 2")).is_err());
+        let a = parse_from(argv("plot --svg o.svg ours=a.txt theirs=b.txt")).unwrap();
+        assert!(matches!(a.role, Role::Plot { ref series, .. } if series.len() == 2));
+        let a = parse_from(argv("--client h --no-inline -n 10")).unwrap();
+        let Role::Client { cfg, .. } = a.role else {
+            panic!()
+        };
+        assert_eq!(
+            (cfg.inline, cfg.iters, cfg.sizes.as_slice()),
+            (0, 10, &[2][..])
+        );
     }
 }

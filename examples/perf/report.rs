@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use hdrhistogram::Histogram;
 use tokio_rdma::driver::DriverStats;
 
 use crate::args::{Test, TestConfig, mode_name};
@@ -86,27 +87,50 @@ pub struct CaseResult {
     pub hw: Vec<(String, u64)>,
 }
 
-/// perftest's median (mean of the middle two for an even count).
-pub fn median(sorted: &[f64]) -> f64 {
-    let n = sorted.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 0 {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    } else {
-        sorted[n / 2]
-    }
+/// Latency percentiles in microseconds, from an HDR histogram of the samples (nanosecond
+/// resolution, 3 significant digits: each value within 0.1%). NaN without samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Percentiles {
+    pub min: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+    pub avg: f64,
 }
 
-/// Nearest-rank percentile.
-pub fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
+impl Percentiles {
+    /// The percentiles of `samples` (microseconds, any order).
+    pub fn of(samples: &[f64]) -> Percentiles {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
+            .expect("valid histogram bounds");
+        for &us in samples {
+            h.saturating_record(((us * 1e3).round() as u64).max(1));
+        }
+        if h.is_empty() {
+            let nan = f64::NAN;
+            return Percentiles {
+                min: nan,
+                p50: nan,
+                p90: nan,
+                p99: nan,
+                p999: nan,
+                max: nan,
+                avg: nan,
+            };
+        }
+        let us = |ns: u64| ns as f64 / 1e3;
+        Percentiles {
+            min: us(h.min()),
+            p50: us(h.value_at_quantile(0.50)),
+            p90: us(h.value_at_quantile(0.90)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+            avg: h.mean() / 1e3,
+        }
     }
-    // The epsilon keeps 99.9% of 1000 at rank 999 despite 0.999 * 1000 > 999 in floating point.
-    let rank = (p / 100.0 * sorted.len() as f64 - 1e-9).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 impl CaseResult {
@@ -116,8 +140,8 @@ impl CaseResult {
     pub fn mops(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64() / 1e6
     }
-    pub fn avg(&self) -> f64 {
-        self.samples.iter().sum::<f64>() / self.samples.len().max(1) as f64
+    pub fn percentiles(&self) -> Percentiles {
+        Percentiles::of(&self.samples)
     }
     fn per_op(&self, d: Duration) -> f64 {
         d.as_secs_f64() * 1e6 / self.ops.max(1) as f64
@@ -165,17 +189,17 @@ pub fn table_head() -> String {
 }
 
 pub fn table_row(r: &CaseResult) -> String {
-    let s = &r.samples;
+    let p = r.percentiles();
     format!(
         "{:>8} {:>7} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>8.2} {:>10.2} {:>8.4} {:>8.2} {:>8} {:>6.2} {:>6.1} {:>6.2}",
         r.size,
         r.ops,
-        median(s),
-        pct(s, 90.0),
-        pct(s, 99.0),
-        pct(s, 99.9),
-        s.last().copied().unwrap_or(f64::NAN),
-        r.avg(),
+        p.p50,
+        p.p90,
+        p.p99,
+        p.p999,
+        p.max,
+        p.avg,
         r.bw_mib(),
         r.mops(),
         r.per_op(r.cpu),
@@ -196,7 +220,7 @@ fn jnum(x: f64) -> String {
 }
 
 pub fn json_line(cfg: &TestConfig, device: &str, r: &CaseResult) -> String {
-    let s = &r.samples;
+    let p = r.percentiles();
     let mut o = String::from("{");
     let _ = write!(
         o,
@@ -220,13 +244,13 @@ pub fn json_line(cfg: &TestConfig, device: &str, r: &CaseResult) -> String {
     let _ = write!(
         o,
         "\"lat_def\":\"{lat_def}\",\"min_us\":{},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},\"avg_us\":{},",
-        jnum(s.first().copied().unwrap_or(f64::NAN)),
-        jnum(median(s)),
-        jnum(pct(s, 90.0)),
-        jnum(pct(s, 99.0)),
-        jnum(pct(s, 99.9)),
-        jnum(s.last().copied().unwrap_or(f64::NAN)),
-        jnum(r.avg())
+        jnum(p.min),
+        jnum(p.p50),
+        jnum(p.p90),
+        jnum(p.p99),
+        jnum(p.p999),
+        jnum(p.max),
+        jnum(p.avg)
     );
     let _ = write!(
         o,
@@ -397,6 +421,7 @@ pub fn svg_cdf(title: &str, series: &[(String, Vec<f64>)]) -> String {
         // Legend in the lower right, where CDFs have no points.
         let lx = l + pw - 420.0;
         let ly = t + ph - 18.0 * (series.len() - i) as f64;
+        let p = Percentiles::of(s);
         let _ = writeln!(
             o,
             r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="3"/><text x="{}" y="{}">{} (p50 {:.1}, p99 {:.1} us, n={n})</text>"#,
@@ -404,8 +429,8 @@ pub fn svg_cdf(title: &str, series: &[(String, Vec<f64>)]) -> String {
             lx + 30.0,
             ly + 4.0,
             esc(name),
-            median(s),
-            pct(s, 99.0)
+            p.p50,
+            p.p99
         );
     }
     o.push_str("</svg>\n");
@@ -419,9 +444,13 @@ mod tests {
     #[test]
     fn percentiles() {
         let v: Vec<f64> = (1..=1000).map(f64::from).collect();
-        assert_eq!(median(&v), 500.5);
-        assert_eq!(pct(&v, 99.0), 990.0);
-        assert_eq!(pct(&v, 99.9), 999.0);
-        assert_eq!(pct(&v, 100.0), 1000.0);
+        let p = Percentiles::of(&v);
+        let near = |got: f64, want: f64| (got - want).abs() <= want * 1e-3;
+        assert!(near(p.p50, 500.0), "{p:?}");
+        assert!(near(p.p99, 990.0), "{p:?}");
+        assert!(near(p.p999, 999.0), "{p:?}");
+        assert!(near(p.max, 1000.0) && near(p.min, 1.0), "{p:?}");
+        assert!(near(p.avg, 500.5), "{p:?}");
+        assert!(Percentiles::of(&[]).p50.is_nan());
     }
 }

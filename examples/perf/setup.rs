@@ -9,7 +9,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_rdma::buf::{IoBuf, IoBufMut, RemoteToken};
 use tokio_rdma::driver::{AsyncQp, CompletionMode, Driver, DriverOptions, QpOptions};
 use tokio_rdma::verbs::{
-    AccessFlags, CompletionQueue, Context, QpAddress, PortState, ProtectionDomain, QpCaps,
+    AccessFlags, CompletionQueue, Context, PortState, ProtectionDomain, QpAddress, QpCaps,
     QpInitAttr, QueuePair, RegisteredBuffer, RtrOptions, RtsOptions,
 };
 

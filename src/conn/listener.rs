@@ -12,6 +12,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::cm_async::AsyncChannel;
 use super::connection::Connection;
+use super::handshake::HandshakeError;
 use super::options::ConnectOptions;
 use super::setup;
 use crate::endpoint::Endpoint;
@@ -38,7 +39,10 @@ pub const BACKLOG_FULL_REASON: &str = "tokio-rdma: listener backlog full";
 ///   [`Connection::connect`] fails with [`Error::ConnectionRejected`] carrying it).
 /// * At most [`ConnectOptions::backlog`] handshakes run at once; a request beyond that is
 ///   rejected at once with [`BACKLOG_FULL_REASON`].
-/// * Every refusal is logged (`tracing` warn) and counted in [`rejected`](Self::rejected).
+/// * Every refusal is logged (`tracing` warn, naming the peer and the reason) and counted in
+///   [`rejected`](Self::rejected); a request without a valid tokio-rdma handshake (a foreign
+///   client such as `rping`, or another version) also in
+///   [`bad_handshakes`](Self::bad_handshakes).
 ///
 /// Established connections wait in a queue of [`ConnectOptions::backlog`] connections until
 /// [`accept`](Self::accept) takes them; while it is full, finished handshakes wait for room
@@ -77,6 +81,7 @@ pub struct Listener {
 #[derive(Debug)]
 struct Shared {
     rejected: AtomicU64,
+    bad_handshakes: AtomicU64,
     pending: AtomicUsize,
     failure: Mutex<Failure>,
     /// The endpoint(s) accepted connections go on.
@@ -119,14 +124,8 @@ impl Shared {
         let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
         match std::mem::take(&mut *f) {
             Failure::Pending(e) => {
-                // The text with its causes (the error's own text omits its source).
-                let mut text = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    text.push_str(&format!(": {s}"));
-                    source = s.source();
-                }
-                *f = Failure::Reported(text);
+                // The error's own text names its cause (the errno, or the message).
+                *f = Failure::Reported(e.to_string());
                 e
             }
             Failure::Reported(text) => {
@@ -241,6 +240,16 @@ impl Listener {
     /// setups that failed or timed out (the client stalled, vanished, or refused our reply).
     pub fn rejected(&self) -> u64 {
         self.shared.rejected.load(Ordering::Relaxed)
+    }
+
+    /// Connection requests refused because they carried no tokio-rdma handshake, or an
+    /// invalid or incompatible one: a foreign client (`rping`, a C `rdma_client`, a perftest
+    /// tool; these need the raw layer, [`crate::verbs::CmId`]), or a tokio-rdma peer of another
+    /// version or with options this side cannot meet. Each is also counted in
+    /// [`rejected`](Self::rejected) and logged as a `tracing` warn event with the peer's address
+    /// and the reason; the client gets [`Error::ConnectionRejected`] with the reason.
+    pub fn bad_handshakes(&self) -> u64 {
+        self.shared.bad_handshakes.load(Ordering::Relaxed)
     }
 
     /// Handshakes in progress now (at most [`ConnectOptions::backlog`]), counting finished ones
@@ -414,10 +423,16 @@ fn on_event(
                 Err(e) => {
                     shared.refused();
                     match &e {
-                        Error::Handshake(_) => {
-                            warn!(error = %e, "connection request rejected: bad or foreign handshake");
+                        Error::Handshake(h) => {
+                            shared.bad_handshakes.fetch_add(1, Ordering::Relaxed);
+                            warn!(
+                                peer = ?peer,
+                                reason = %h,
+                                foreign = is_foreign(h),
+                                "connection request rejected: no valid tokio-rdma handshake"
+                            );
                         }
-                        _ => warn!(error = %e, "connection setup failed; torn down"),
+                        _ => warn!(peer = ?peer, error = %e, "connection setup failed; torn down"),
                     }
                 }
             }
@@ -428,9 +443,30 @@ fn on_event(
     Ok(())
 }
 
+/// Whether a handshake failure means the client does not speak tokio-rdma at all (no
+/// private data, too little of it, or not our magic), rather than another version or options.
+fn is_foreign(e: &HandshakeError) -> bool {
+    matches!(
+        e,
+        HandshakeError::Missing
+            | HandshakeError::Truncated { .. }
+            | HandshakeError::BadMagic { .. }
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn foreign_handshakes_are_told_from_incompatible_ones() {
+        assert!(is_foreign(&HandshakeError::Missing));
+        assert!(is_foreign(&HandshakeError::BadMagic { found: *b"RPNG" }));
+        assert!(!is_foreign(&HandshakeError::UnsupportedVersion {
+            found: 9,
+            supported: 1
+        }));
+    }
 
     #[test]
     fn the_listener_failure_is_reported_once_then_by_its_text() {

@@ -105,6 +105,15 @@ fn check(rc: i32, f: impl FnOnce(io::Error) -> Error) -> Result<()> {
     }
 }
 
+/// Refuses a loopback address up front: no RDMA device owns one. RDMA CM would accept it
+/// (binding it, even resolving it) and fail only at `rdma_resolve_route`, with a bare errno.
+fn refuse_loopback(addr: SocketAddr, call: &'static str) -> Result<()> {
+    if crate::error::is_loopback(addr) {
+        return Err(Error::LoopbackAddress { addr, call });
+    }
+    Ok(())
+}
+
 fn clamp_ms(ms: u32) -> i32 {
     i32::try_from(ms).unwrap_or(i32::MAX)
 }
@@ -469,9 +478,12 @@ impl CmId {
     ///
     /// # Errors
     ///
-    /// [`Error::BindAddr`] with the errno (`EADDRINUSE`, `EADDRNOTAVAIL` for an address
-    /// without an RDMA device, ...).
+    /// [`Error::LoopbackAddress`] for a loopback address (127.0.0.0/8, `::1`), refused before
+    /// any call: no RDMA device owns one, and a connection through it would fail later, when
+    /// its route is resolved. [`Error::BindAddr`] with the errno (`EADDRINUSE`,
+    /// `EADDRNOTAVAIL` for an address without an RDMA device, ...).
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        refuse_loopback(addr, "rdma_bind_addr")?;
         let mut raw = RawAddr::new(addr);
         // SAFETY: the id is alive; `raw` is a valid socket address for the call's duration.
         let rc = unsafe { sys::rdma_bind_addr(self.as_ptr(), raw.as_mut_ptr()) };
@@ -496,13 +508,19 @@ impl CmId {
     ///
     /// # Errors
     ///
-    /// [`Error::ResolveAddr`] with the errno if the resolution cannot start.
+    /// [`Error::LoopbackAddress`] if `dst` or `src` is a loopback address (refused before any
+    /// call, see [`bind_addr`](Self::bind_addr)); [`Error::ResolveAddr`] with the errno if the
+    /// resolution cannot start.
     pub fn resolve_addr(
         &self,
         src: Option<SocketAddr>,
         dst: SocketAddr,
         timeout_ms: u32,
     ) -> Result<()> {
+        refuse_loopback(dst, "rdma_resolve_addr")?;
+        if let Some(src) = src {
+            refuse_loopback(src, "rdma_resolve_addr")?;
+        }
         let mut src_raw = src.map(RawAddr::new);
         let mut dst_raw = RawAddr::new(dst);
         let src_ptr = src_raw

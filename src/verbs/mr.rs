@@ -39,8 +39,8 @@ impl MemoryRegion {
     ///
     /// # Errors
     ///
-    /// [`Error::RegMr`] with the errno; `ENOMEM`/`EPERM` usually mean `RLIMIT_MEMLOCK` is too
-    /// low (the error message says so).
+    /// [`Error::MemlockExhausted`] (naming the limit) for `ENOMEM`/`EPERM` while
+    /// `RLIMIT_MEMLOCK` is finite; otherwise [`Error::RegMr`] with the errno.
     pub unsafe fn register(
         pd: &ProtectionDomain,
         addr: *mut u8,
@@ -50,8 +50,9 @@ impl MemoryRegion {
         let flags = i32::try_from(access.bits()).unwrap_or(0);
         // SAFETY: the PD is alive (the MR keeps a clone); the caller guarantees the memory.
         let mr = unsafe { sys::ibv_reg_mr(pd.as_ptr(), addr.cast(), len, flags) };
-        let mr = NonNull::new(mr)
-            .ok_or_else(|| Error::last_os(|source| Error::RegMr { len, source }))?;
+        let mr = NonNull::new(mr).ok_or_else(|| {
+            crate::verbs::explain_reg_error(Error::last_os(|source| Error::RegMr { len, source }))
+        })?;
         Ok(MemoryRegion {
             mr,
             access,
@@ -158,7 +159,8 @@ impl RegisteredBuffer {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for `len == 0`; [`Error::RegMr`] if registration fails.
+    /// [`Error::InvalidArgument`] for `len == 0`; [`Error::MemlockExhausted`] or
+    /// [`Error::RegMr`] if registration fails (see [`MemoryRegion::register`]).
     pub fn new(pd: &ProtectionDomain, len: usize, access: AccessFlags) -> Result<RegisteredBuffer> {
         if len == 0 {
             return Err(Error::InvalidArgument(

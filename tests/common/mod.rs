@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tokio_rdma::verbs::{
-    AccessFlags, CompletionQueue, Context, QpAddress, QpInitAttr, QueuePair, RtrOptions, RtsOptions,
-    WcBatch, WorkCompletion,
+    AccessFlags, CompletionQueue, Context, QpAddress, QpInitAttr, QueuePair, RtrOptions,
+    RtsOptions, WcBatch, WorkCompletion,
 };
 
 /// The device under test: `$TOKIO_RDMA_DEVICE`, else `rxe0`.

@@ -63,3 +63,21 @@ fn answering_caps_initiator_depth() {
     let p = param(b"x").answering(&req);
     assert_eq!((p.initiator_depth, p.responder_resources), (2, 4));
 }
+
+#[test]
+fn loopback_is_refused_up_front() {
+    for a in ["127.0.0.1:7470", "[::1]:7470", "[::ffff:127.0.0.1]:1"] {
+        let addr: SocketAddr = a.parse().unwrap();
+        let e = refuse_loopback(addr, "rdma_bind_addr").unwrap_err();
+        assert!(matches!(e, Error::LoopbackAddress { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains("loopback") && text.contains("rdma link"),
+            "{text}"
+        );
+        let io: std::io::Error = e.into();
+        assert_eq!(io.kind(), std::io::ErrorKind::AddrNotAvailable);
+    }
+    refuse_loopback("0.0.0.0:0".parse().unwrap(), "rdma_bind_addr").unwrap();
+    refuse_loopback("192.0.2.1:7470".parse().unwrap(), "rdma_resolve_addr").unwrap();
+}
