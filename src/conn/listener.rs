@@ -92,6 +92,7 @@ impl Default for Shared {
     fn default() -> Self {
         Shared {
             rejected: AtomicU64::default(),
+            bad_handshakes: AtomicU64::default(),
             pending: AtomicUsize::default(),
             failure: Mutex::default(),
             endpoints: setup::EndpointChoice::PerDevice(Arc::default()),
