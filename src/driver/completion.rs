@@ -1,23 +1,28 @@
 //! The completion task: completions nobody is polling for.
 //!
-//! One task per completion queue, event-driven in every mode. Futures poll the CQ themselves
-//! while they wait (see `wait.rs`); the task handles what they do not: completions of
-//! dropped operations, of sleeping futures, and of connection receives that arrive while no
-//! one is receiving. When no future is spinning it arms the CQ, polls once more (a completion
-//! that arrives between the last poll and the arm raises no event), and waits on the
-//! completion channel's descriptor through `AsyncFd`; events are acknowledged in batches.
-//! While some future spins, the CQ stays unarmed and the task waits until the last one stops.
+//! One task per completion queue. Futures poll the CQ themselves while they wait (see
+//! `wait.rs`); the task handles what they do not: completions of dropped operations, of
+//! sleeping futures, and of connection receives that arrive while no one is receiving.
+//!
+//! While some future spins, the task leaves the CQ unarmed and waits until the last one stops.
+//! Then, in busy mode, it polls the CQ itself (yielding between polls) while anything is
+//! outstanding; in adaptive mode it does so for the spin budget; otherwise (and after that) it
+//! arms the CQ, polls once more (a completion that arrives between the last poll and the arm
+//! raises no event), and waits on the completion channel's descriptor through `AsyncFd`;
+//! events are acknowledged in batches.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, error, trace, warn};
 
+use super::CompletionMode;
 use super::shared::Shared;
+use super::wait::{WaitKind, spin_budget};
 use crate::verbs::CompletionChannel;
 
 /// While futures spin, how often the task checks that they still poll (see `run`).
@@ -55,18 +60,41 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let mut reaped = Vec::new();
     // The poll count after our own last drain, if futures were spinning then.
     let mut spun_at: Option<u64> = None;
+    // When the CQ was last watched (a spinner, or completions found by this task).
+    let mut watched = Instant::now();
     loop {
         let others_polled = spun_at != Some(shared.counters.polls.load(Ordering::Relaxed));
-        shared.drain(&mut reaped);
+        if shared.drain(&mut reaped) > 0 {
+            watched = Instant::now();
+        }
         if finished(&shared, &mut reaped) {
             break;
         }
         let spinners = shared.spinners.load(Ordering::Acquire) > 0;
         // A spinning future that stopped being polled (its task awaits something else) must
-        // not leave the CQ unarmed for good: if nobody polled since the last check, arm.
+        // not leave the CQ unwatched for good: if nobody polled since the last check, go on
+        // as if nobody spun.
         let stale = spinners && spun_at.is_some() && !others_polled;
         spun_at = spinners.then(|| shared.counters.polls.load(Ordering::Relaxed));
-        if !spinners || stale {
+        if spinners && !stale {
+            watched = Instant::now();
+        } else {
+            // Nobody polls the CQ: in busy mode this task does, while anything is
+            // outstanding; in adaptive mode for the spin budget after the CQ was last
+            // watched (a future that just completed is usually followed by the next one
+            // within it, so no arm, no event); otherwise it arms and sleeps.
+            let spin = match shared.mode {
+                CompletionMode::BusyPoll => shared.has_outstanding(),
+                CompletionMode::Adaptive { max_spin } => {
+                    let budget = spin_budget(shared.latency.estimate(WaitKind::Send), max_spin);
+                    watched.elapsed() < budget && shared.has_outstanding()
+                }
+                CompletionMode::Event => false,
+            };
+            if spin {
+                SelfYield(false).await;
+                continue;
+            }
             if let Err(e) = shared.cq.req_notify(false) {
                 error!(error = %e, "arming the completion queue failed; falling back to polling");
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -75,6 +103,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             shared.counters.arms.fetch_add(1, Ordering::Relaxed);
             // Completions that arrived before the arm raise no event: poll once more.
             if shared.drain(&mut reaped) > 0 {
+                watched = Instant::now();
                 continue;
             }
         }
@@ -117,6 +146,26 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     }
     shared.cq.ack_events();
     debug!("completion task stopped");
+}
+
+/// Yields to the scheduler once by waking itself (no I/O-driver poll, unlike
+/// `tokio::task::yield_now`).
+struct SelfYield(bool);
+
+impl std::future::Future for SelfYield {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
 }
 
 /// Shut down and nothing left in flight.

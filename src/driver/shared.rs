@@ -297,6 +297,13 @@ impl Shared {
         }
     }
 
+    /// Whether anything may still complete: operations in the table, or queue pairs whose
+    /// owner posts requests itself (a connection always has receives posted).
+    pub(crate) fn has_outstanding(&self) -> bool {
+        let st = self.lock();
+        st.core.ops_in_table() > 0 || st.qps.iter().flatten().any(|e| e.sink.is_some())
+    }
+
     /// A future stopped polling the CQ itself: if it was the last, let the completion task
     /// arm the CQ so completions nobody polls for raise an event.
     pub(crate) fn spinner_left(&self) {
