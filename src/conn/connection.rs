@@ -11,8 +11,8 @@ use tracing::{Instrument, debug, info_span};
 
 use super::cm_async::AsyncChannel;
 use super::driver;
-use super::io::{ConnIo, IoConfig};
 use super::handshake::{Flags, Negotiated};
+use super::io::{ConnIo, IoConfig};
 use super::options::ConnectOptions;
 use super::setup::{self, Prepared};
 use super::shared::ConnShared;

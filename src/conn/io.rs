@@ -187,7 +187,11 @@ impl ConnIo {
                 &[]
             } else {
                 // Inline: the device copies the bytes at post time, no key needed.
-                sges = [crate::verbs::Sge::new(bytes.as_ptr() as u64, bytes.len() as u32, 0)];
+                sges = [crate::verbs::Sge::new(
+                    bytes.as_ptr() as u64,
+                    bytes.len() as u32,
+                    0,
+                )];
                 &sges
             };
             let signaled = self.signal(s, false);

@@ -291,9 +291,8 @@ impl<P> Core<P> {
         wr_id: u64,
         cx: &mut Context<'_>,
     ) -> Poll<(Result<OpInfo, Error>, P)> {
-        self.poll_entry(wr_id, Some(cx)).map(|(outcome, payload)| {
-            (outcome, payload.expect("payload parked until collected"))
-        })
+        self.poll_entry(wr_id, Some(cx))
+            .map(|(outcome, payload)| (outcome, payload.expect("payload parked until collected")))
     }
 
     /// Polls an operation submitted with [`submit_unparked`](Self::submit_unparked): its

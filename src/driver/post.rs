@@ -21,11 +21,7 @@ pub(crate) fn post(st: &mut State, shared: &Shared, qp: QpKey) {
     posts.clear();
     st.core.take_postable(qp, &mut posts);
     if !posts.is_empty() {
-        let handle = st.qps[qp.index()]
-            .as_ref()
-            .expect("registered")
-            .qp
-            .clone();
+        let handle = st.qps[qp.index()].as_ref().expect("registered").qp.clone();
         let recv_end = posts
             .iter()
             .take_while(|p| p.wr.queue == Queue::Recv)

@@ -225,7 +225,9 @@ impl Shared {
             match sink {
                 Some(sink) => {
                     let failure = core.failure(key).cloned();
-                    if let Some(cause) = sink.on_completion(cqe.wr_id as u32, &cqe, failure.as_ref(), wake) {
+                    if let Some(cause) =
+                        sink.on_completion(cqe.wr_id as u32, &cqe, failure.as_ref(), wake)
+                    {
                         core.fail_qp(key, cause, out);
                     }
                 }
@@ -238,8 +240,13 @@ impl Shared {
         self.counters
             .completions
             .fetch_add(n as u64, Ordering::Relaxed);
-        for qp in std::mem::take(&mut st.out.postable) {
-            post::post(st, self, qp);
+        if !st.out.postable.is_empty() {
+            // Keep the list's memory: `post` does not add to it.
+            let mut postable = std::mem::take(&mut st.out.postable);
+            for qp in postable.drain(..) {
+                post::post(st, self, qp);
+            }
+            st.out.postable = postable;
         }
         st.apply_failures();
         if st.out.unknown > 0 {

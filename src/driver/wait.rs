@@ -89,7 +89,7 @@ pub(crate) struct Waiter {
 impl Waiter {
     /// The operation was posted now (starts its latency sample).
     pub(crate) fn start(&mut self) {
-        if matches!(self.since, None) {
+        if self.since.is_none() {
             self.since = Some(Instant::now());
         }
     }
@@ -148,7 +148,11 @@ mod tests {
         }
         let e = l.estimate(WaitKind::Send);
         assert!(e < Duration::from_micros(9), "{e:?}");
-        assert_eq!(l.estimate(WaitKind::Recv), Duration::ZERO, "kinds are separate");
+        assert_eq!(
+            l.estimate(WaitKind::Recv),
+            Duration::ZERO,
+            "kinds are separate"
+        );
         for _ in 0..64 {
             l.record(WaitKind::Send, Duration::from_micros(500));
         }

@@ -4,9 +4,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::driver::{OpConfig, RawOp};
 use crate::buf::{IoBufMut, RemoteToken};
 use crate::core::WorkRequest;
+use crate::driver::{OpConfig, RawOp};
 use crate::error::{Error, Result};
 use crate::verbs::{SendOp, Sge};
 

@@ -121,5 +121,4 @@ impl AsyncQp {
     pub fn fetch_add<B: IoBufMut>(&self, buf: B, remote: RemoteToken, add: u64) -> FetchAdd<B> {
         FetchAdd::new(self.op_config(), buf, remote, add)
     }
-
 }

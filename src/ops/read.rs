@@ -5,9 +5,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sg::{SgTarget, target_list};
-use crate::driver::{OpConfig, RawOp, check_remote};
 use crate::buf::RemoteToken;
 use crate::core::WorkRequest;
+use crate::driver::{OpConfig, RawOp, check_remote};
 use crate::error::Result;
 use crate::verbs::SendOp;
 

@@ -5,8 +5,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sg::{SgTarget, target_list};
-use crate::driver::{OpConfig, RawOp};
 use crate::core::WorkRequest;
+use crate::driver::{OpConfig, RawOp};
 use crate::error::Result;
 
 /// What a completed receive reports.

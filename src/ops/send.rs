@@ -5,8 +5,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sg::{SgSource, source_list};
-use crate::driver::{OpConfig, RawOp};
 use crate::core::WorkRequest;
+use crate::driver::{OpConfig, RawOp};
 use crate::error::Result;
 use crate::verbs::SendOp;
 
