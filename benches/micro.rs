@@ -23,7 +23,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use tokio_rdma::buf::{IoBuf, Pool, PoolConfig, Registrar, Registration, RemoteToken, SizeClass};
-use tokio_rdma::core::{Completed, Core, Cqe, QpConfig, SgList, WorkRequest};
+use tokio_rdma::proto::{Completed, Core, Cqe, QpConfig, SgList, WorkRequest};
 use tokio_rdma::verbs::{AccessFlags, Gid, HugePages, Mtu, QpAddress, SendOp, SendWr, Sge};
 
 /// A registrar that hands out made-up keys without touching a device.

@@ -2,37 +2,52 @@
 //!
 //! Asynchronous RDMA for Tokio, on the crate's own bindings to libibverbs and librdmacm.
 //!
-//! The crate is built in layers:
-//!
-//! * [`verbs`]: safe RAII wrappers over the verbs objects (device context, protection domain,
-//!   completion channel and queue, RC queue pair, memory region). The only FFI user.
-//! * (next) a sans-IO core with the in-flight op table, and a Tokio driver whose completion
-//!   task turns work completions into woken futures.
-//!
-//! ## Quick start (verbs level)
+//! Open an [`Endpoint`] (a device, its completion queue and completion mode), then connect or
+//! listen through it; a [`Connection`](conn::Connection) carries messages under credit flow
+//! control and one-sided operations against memory the peer granted.
 //!
 //! ```no_run
-//! use tokio_rdma::verbs::{self, Context};
+//! use tokio_rdma::conn::ConnectOptions;
+//! use tokio_rdma::Endpoint;
 //!
-//! # fn main() -> tokio_rdma::Result<()> {
-//! for dev in verbs::devices()? {
-//!     println!("device {}", dev.name);
+//! # async fn demo() -> tokio_rdma::Result<()> {
+//! let ep = Endpoint::open_first_active()?;
+//! let conn = ep
+//!     .connect("192.0.2.1:7471".parse().unwrap(), ConnectOptions::default())
+//!     .await?;
+//! conn.send(b"ping").await?;
+//! if let Some(reply) = conn.recv().await? {
+//!     println!("{} bytes", reply.len());
 //! }
-//! let (ctx, port) = Context::open_first_active()?;
-//! let p = ctx.query_port(port)?;
-//! println!("{} port {port}: {:?}, mtu {:?}", ctx.name(), p.state, p.active_mtu);
-//! # Ok(()) }
+//! conn.close().await
+//! # }
 //! ```
+//!
+//! The layers, each using only the one below:
+//!
+//! * [`verbs`]: safe RAII wrappers over the verbs and RDMA CM objects; the only FFI user.
+//! * `proto` (sans-IO, no unsafe; private): the in-flight operation table, queue accounting, and the
+//!   connection protocol state machine.
+//! * [`driver`]: the operation engine (futures that post, then poll their completion queue in
+//!   place and spin or sleep as the [`CompletionMode`](driver::CompletionMode) says), the
+//!   completion task for what nobody polls, and [`AsyncQp`](driver::AsyncQp); [`ops`] holds
+//!   the typed operation futures.
+//! * [`buf`]: registered buffer pools, the registration cache, remote grants and tokens.
+//! * [`conn`] and [`Endpoint`]: RDMA CM connections, listeners and messages.
 //!
 //! Device tests run on soft-RoCE (`rdma_rxe`) in a QEMU VM: see `docs/testing.md`.
 
 pub mod buf;
 pub mod conn;
-pub mod core;
 pub mod driver;
 mod endpoint;
 mod error;
 pub mod ops;
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod proto;
+#[cfg(not(feature = "bench-internals"))]
+mod proto;
 mod sys;
 pub mod verbs;
 

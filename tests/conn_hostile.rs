@@ -31,8 +31,8 @@ use common::{pattern, within};
 use raw_peer::{RawListener, RawOpts, RawPeer, Seen};
 use tokio::task::JoinHandle;
 use tokio_rdma::buf::{RemoteAccess, RemoteToken};
+use tokio_rdma::conn::wire::{MsgHeader, MsgKind};
 use tokio_rdma::conn::{Connection, Listener};
-use tokio_rdma::core::{MsgHeader, MsgKind};
 use tokio_rdma::{Error, ProtocolError, QpFailure, WcStatus};
 
 const DISCONNECTED: &str = "RDMA_CM_EVENT_DISCONNECTED";

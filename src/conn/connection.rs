@@ -1,6 +1,6 @@
 //! [`Connection`]: an RC connection set up through RDMA CM, with messages under credit flow
 //! control and one-sided operations. The protocol itself is the sans-IO
-//! [`ConnProto`](crate::core::conn::ConnProto); this is its shell.
+//! [`ConnProto`](crate::proto::conn::ConnProto); this is its shell.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -18,9 +18,9 @@ use super::setup::{self, Prepared};
 use super::shared::ConnShared;
 use super::stream::RdmaStream;
 use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess};
-use crate::core::conn::{ConnConfig, ConnCounters, ConnProto};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
+use crate::proto::conn::{ConnConfig, ConnCounters, ConnProto};
 use crate::verbs::CmId;
 
 /// An established RDMA connection.

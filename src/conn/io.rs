@@ -19,10 +19,10 @@ use tokio::sync::Notify;
 use tracing::{trace, warn};
 
 use crate::buf::{Pool, PoolBuf};
-use crate::core::conn::{Chunk, ConnProto};
-use crate::core::{Cqe, MsgKind};
 use crate::driver::{Deferred, Sink};
 use crate::error::{QpFailure, WcStatus};
+use crate::proto::conn::{Chunk, ConnProto};
+use crate::proto::{Cqe, MsgKind};
 use crate::verbs::{QueuePair, RecvWr, SendOp, SendWr};
 
 /// The state machine over the connection's receive buffers.

@@ -205,6 +205,15 @@ impl Listener {
         opts: ConnectOptions,
     ) -> Result<Listener> {
         opts.params.validate()?;
+        if let (Some(ep), Some(m)) = (&endpoint, opts.completion_mode) {
+            if m != ep.options().completion_mode {
+                return Err(Error::InvalidArgument(format!(
+                    "ConnectOptions::completion_mode {m:?} differs from the endpoint's {:?}: \
+                     the mode belongs to the endpoint (EndpointOptions)",
+                    ep.options().completion_mode
+                )));
+            }
+        }
         if opts.backlog == 0 {
             return Err(Error::InvalidArgument(
                 "a listener's backlog must be at least 1".into(),

@@ -17,6 +17,7 @@ mod options;
 mod setup;
 mod shared;
 mod stream;
+pub mod wire;
 
 pub use connection::{ConnStats, Connection};
 pub use listener::{BACKLOG_FULL_REASON, Listener};

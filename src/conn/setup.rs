@@ -10,10 +10,10 @@ use super::connection::{Connection, Starting};
 use super::handshake::{self, Flags, Params};
 use super::options::ConnectOptions;
 use crate::buf::{Pool, PoolConfig, SizeClass};
-use crate::core::conn::CONTROL_RECVS;
 use crate::driver::{AsyncQp, QpOptions};
 use crate::endpoint::{Endpoint, EndpointOptions};
 use crate::error::{Error, Result};
+use crate::proto::conn::CONTROL_RECVS;
 use crate::verbs::{
     AccessFlags, CmEventKind, CmId, ConnParam, Context, EventChannel, PeerConnParam,
     ProtectionDomain, QpCaps, QpState,

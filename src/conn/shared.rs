@@ -11,8 +11,8 @@ use bytes::Bytes;
 use super::handshake::Negotiated;
 use super::io::ConnIo;
 use crate::buf::PoolBuf;
-use crate::core::conn::Delivery;
 use crate::driver::AsyncQp;
+use crate::proto::conn::Delivery;
 use crate::verbs::ProtectionDomain;
 
 #[derive(Debug)]

@@ -9,8 +9,8 @@ use tokio::io::unix::AsyncFd;
 use tracing::{error, info, warn};
 
 use super::shared::{Deferred, Shared};
-use crate::core::QpKey;
 use crate::error::QpFailure;
+use crate::proto::QpKey;
 use crate::verbs::{AsyncEvent, Context, EventElement};
 
 /// A duplicate of the context's async-event descriptor, registered with the reactor (several

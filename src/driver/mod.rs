@@ -1,5 +1,5 @@
 //! The Tokio shell: a [`Driver`] per device owns a completion queue and the tasks that feed
-//! the sans-IO [`core`](crate::core), and creates [`AsyncQp`]s whose operations are futures.
+//! the sans-IO [`core`](crate::proto), and creates [`AsyncQp`]s whose operations are futures.
 //!
 //! # Examples
 //!

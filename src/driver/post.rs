@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use tracing::warn;
 
 use super::shared::{Shared, State};
-use crate::core::{PostItem, QpKey, Queue};
 use crate::error::Error;
+use crate::proto::{PostItem, QpKey, Queue};
 use crate::verbs::{QueuePair, RecvWr, SendOp, SendWr};
 
 /// Requests chained per doorbell (a longer batch rings several; built on the stack, as the

@@ -8,8 +8,8 @@ use tracing::{debug, info_span};
 use super::raw::OpConfig;
 use super::shared::{Deferred, QpEntry, Shared, Sink, sink_wr_id};
 use super::{Driver, QpOptions};
-use crate::core::{QpConfig, QpKey};
 use crate::error::{QpFailure, Result};
+use crate::proto::{QpConfig, QpKey};
 use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair};
 
 /// A reliable-connected queue pair driven by a [`Driver`]: every operation is a future that

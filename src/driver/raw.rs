@@ -13,7 +13,7 @@
 //!   the request and yields once, so requests started in the same wake go in one doorbell.
 //! * **Backpressure**: a full send queue makes the future wait; it is not an error.
 //! * **No allocation** in steady state: the request (with up to
-//!   [`INLINE_SGES`](crate::core::INLINE_SGES) entries) sits in the future or its table slot,
+//!   [`INLINE_SGES`](crate::proto::INLINE_SGES) entries) sits in the future or its table slot,
 //!   work requests are built on the stack, wakers are collected in a fixed array.
 
 use std::sync::Arc;
@@ -23,8 +23,8 @@ use std::task::{Context, Poll};
 use super::post;
 use super::shared::{Deferred, Payload, Shared};
 use super::wait::{WaitKind, Waiter};
-use crate::core::{OpInfo, QpKey, WorkRequest};
 use crate::error::{Error, Result};
+use crate::proto::{OpInfo, QpKey, WorkRequest};
 use crate::verbs::QpCaps;
 
 /// What every operation of one queue pair needs to know.
@@ -61,7 +61,7 @@ pub(crate) struct RawOp<B: Send + 'static> {
 impl<B: Send + 'static> RawOp<B> {
     pub(crate) fn new(cfg: &OpConfig, buf: B, wr: Result<WorkRequest>) -> RawOp<B> {
         let kind = match &wr {
-            Ok(wr) if wr.queue == crate::core::Queue::Recv => WaitKind::Recv,
+            Ok(wr) if wr.queue == crate::proto::Queue::Recv => WaitKind::Recv,
             _ => WaitKind::Send,
         };
         let state = match wr {

@@ -18,8 +18,8 @@ use tracing::{debug, warn};
 use super::CompletionMode;
 use super::post;
 use super::wait::Latency;
-use crate::core::{Completed, Core, Cqe, PostItem, QpKey};
 use crate::error::QpFailure;
+use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
 use crate::verbs::{CompletionQueue, QueuePair, WcBatch};
 
 /// What a dropped operation parks in the table: its buffers, until the device is done.

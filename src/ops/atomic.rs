@@ -5,9 +5,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::buf::{IoBufMut, RemoteToken};
-use crate::core::WorkRequest;
 use crate::driver::{OpConfig, RawOp};
 use crate::error::{Error, Result};
+use crate::proto::WorkRequest;
 use crate::verbs::{SendOp, Sge};
 
 /// Validates an atomic's buffers and builds its request.

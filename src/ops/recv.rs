@@ -5,9 +5,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sg::{SgTarget, target_list};
-use crate::core::WorkRequest;
 use crate::driver::{OpConfig, RawOp};
 use crate::error::Result;
+use crate::proto::WorkRequest;
 
 /// What a completed receive reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

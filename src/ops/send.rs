@@ -5,9 +5,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sg::{SgSource, source_list};
-use crate::core::WorkRequest;
 use crate::driver::{OpConfig, RawOp};
 use crate::error::Result;
+use crate::proto::WorkRequest;
 use crate::verbs::SendOp;
 
 /// The future of [`AsyncQp::send`](crate::driver::AsyncQp::send) and

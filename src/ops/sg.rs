@@ -1,8 +1,8 @@
 //! Scatter/gather sources and targets: one buffer or a list of buffers.
 
 use crate::buf::{IoBuf, IoBufMut};
-use crate::core::SgList;
 use crate::error::{Error, Result};
+use crate::proto::SgList;
 use crate::verbs::Sge;
 
 mod sealed {

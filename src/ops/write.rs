@@ -6,9 +6,9 @@ use std::task::{Context, Poll};
 
 use super::sg::{SgSource, source_list};
 use crate::buf::RemoteToken;
-use crate::core::WorkRequest;
 use crate::driver::{OpConfig, RawOp, check_remote};
 use crate::error::Result;
+use crate::proto::WorkRequest;
 use crate::verbs::SendOp;
 
 /// The future of [`AsyncQp::write`](crate::driver::AsyncQp::write) and

@@ -12,8 +12,8 @@ use super::raw_peer::{RawOpts, RawPeer, Seen};
 use tokio::task::JoinHandle;
 use tokio_rdma::buf::{PoolConfig, SizeClass};
 use tokio_rdma::conn::handshake::Params;
+use tokio_rdma::conn::wire::{MsgHeader, MsgKind};
 use tokio_rdma::conn::{ConnectOptions, Connection, Listener, Message};
-use tokio_rdma::core::{MsgHeader, MsgKind};
 use tokio_rdma::{Error, ProtocolError, QpFailure, WcStatus};
 
 pub fn addr(port: u16) -> SocketAddr {

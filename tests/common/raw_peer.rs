@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tokio_rdma::conn::handshake::{self, Negotiated, Params};
-use tokio_rdma::core::conn::CONTROL_RECVS;
-use tokio_rdma::core::{MsgHeader, MsgKind};
+use tokio_rdma::conn::wire::CONTROL_RECVS;
+use tokio_rdma::conn::wire::{MsgHeader, MsgKind};
 use tokio_rdma::verbs::{
     AccessFlags, CmEvent, CmEventKind, CmId, CompletionQueue, ConnParam, Context, EventChannel,
     ProtectionDomain, QpInitAttr, QpState, QueuePair, RecvWr, RegisteredBuffer, SendOp, SendWr,

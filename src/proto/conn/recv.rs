@@ -6,8 +6,8 @@ use std::task::{Context, Poll, Waker};
 
 use super::credits::CONTROL_RECVS;
 use super::{ConnConfig, ConnProto, Delivery};
-use crate::core::msg::{MsgHeader, MsgKind};
 use crate::error::{Error, ProtocolError, QpFailure};
+use crate::proto::msg::{MsgHeader, MsgKind};
 
 #[derive(Debug)]
 pub(super) struct RecvState<B> {

@@ -25,7 +25,7 @@
 //! # Examples
 //!
 //! ```
-//! use tokio_rdma::core::Credits;
+//! use tokio_rdma::proto::Credits;
 //!
 //! let mut c = Credits::new(4, 4); // the peer keeps 4 data receives for us; we keep 4 for it
 //! for _ in 0..4 {

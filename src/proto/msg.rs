@@ -12,7 +12,7 @@
 //!
 //! `ctrl ack` counts (mod 256) the control messages of the peer whose receives this side has
 //! re-posted: it bounds the peer's control messages in flight (see
-//! [`Credits`](crate::core::Credits)).
+//! [`Credits`](crate::proto::Credits)).
 //!
 //! Kinds: `Last` (the last or only chunk of a message), `More` (a chunk that continues),
 //! `Credit` (no payload: returns credits), `Close` (end of stream), `Abort` (the message in
@@ -23,7 +23,7 @@
 //! # Examples
 //!
 //! ```
-//! use tokio_rdma::core::{MsgHeader, MsgKind};
+//! use tokio_rdma::proto::{MsgHeader, MsgKind};
 //! let h = MsgHeader { kind: MsgKind::Last, ctrl_ack: 3, credits: 7 };
 //! assert_eq!(MsgHeader::decode(h.encode()).unwrap(), h);
 //! assert!(MsgHeader::decode(0xf000_0000).is_err());

@@ -1,0 +1,105 @@
+//! Device tests of `Endpoint`: several endpoints with different completion modes on one
+//! device, each driving its own connections; options that cannot apply are refused.
+#![allow(clippy::print_stdout)]
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::within;
+use tokio_rdma::conn::ConnectOptions;
+use tokio_rdma::driver::CompletionMode;
+use tokio_rdma::{Endpoint, EndpointOptions, Error};
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([192, 0, 2, 1], port))
+}
+
+fn open(mode: CompletionMode) -> Endpoint {
+    Endpoint::open_with(
+        &common::device_name(),
+        EndpointOptions::default().completion_mode(mode),
+    )
+    .expect("endpoint")
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn endpoints_with_different_modes_coexist_on_one_device() {
+    let busy = open(CompletionMode::BusyPoll);
+    let event = open(CompletionMode::Event);
+    assert_eq!(busy.device_name(), event.device_name());
+    let listener = event
+        .listen(addr(7321))
+        .await
+        .expect("listen on the event endpoint");
+    let (client, server) = tokio::join!(
+        busy.connect(addr(7321), ConnectOptions::default()),
+        listener.accept()
+    );
+    let (client, server) = (client.expect("connect"), server.expect("accept"));
+    let before = (busy.stats(), event.stats());
+    for i in 0..200u32 {
+        let msg = i.to_be_bytes();
+        let (sent, got) = tokio::join!(client.send(&msg), server.recv());
+        sent.unwrap();
+        assert_eq!(&got.unwrap().expect("message")[..], &msg);
+        let (sent, got) = tokio::join!(server.send(&msg), client.recv());
+        sent.unwrap();
+        assert_eq!(&got.unwrap().expect("message")[..], &msg);
+    }
+    let (b, e) = (busy.stats(), event.stats());
+    println!("busy endpoint: {b:?}\nevent endpoint: {e:?}");
+    // Each endpoint saw its own connection's completions on its own completion queue.
+    assert!(b.completions - before.0.completions >= 200, "busy: {b:?}");
+    assert!(e.completions - before.1.completions >= 200, "event: {e:?}");
+    // The busy endpoint never armed its CQ for these (someone always polled); the event
+    // endpoint's futures slept and its completion task armed.
+    assert_eq!(
+        b.arms, before.0.arms,
+        "busy mode arms nothing while polling"
+    );
+    assert!(e.arms > before.1.arms, "event mode arms: {e:?}");
+    client.close().await.unwrap();
+    assert!(
+        within(30, "server sees the close", server.recv())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn options_that_cannot_apply_are_refused() {
+    let err = Endpoint::open("no-such-rdma-device").unwrap_err();
+    println!("unknown device: {err}");
+    assert!(matches!(err, Error::DeviceNotFound { .. }), "{err}");
+    let max = {
+        let ep = open(CompletionMode::Event);
+        ep.context().device_attr().max_cqe
+    };
+    let err = Endpoint::open_with(
+        &common::device_name(),
+        EndpointOptions::default().cq_size(max + 1),
+    )
+    .unwrap_err();
+    println!("CQ too large: {err}");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let ep = open(CompletionMode::Event);
+    // A completion mode other than the endpoint's: refused, at listen and at connect.
+    let other = ConnectOptions::default().completion_mode(CompletionMode::BusyPoll);
+    let err = ep.listen_with(addr(7322), other.clone()).await.unwrap_err();
+    println!("listen with another mode: {err}");
+    assert!(err.to_string().contains("endpoint"), "{err}");
+    let listener = ep.listen(addr(7322)).await.expect("listen");
+    let err = ep.connect(addr(7322), other).await.unwrap_err();
+    println!("connect with another mode: {err}");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    // The same mode, said explicitly, is fine.
+    let same = ConnectOptions::default().completion_mode(CompletionMode::Event);
+    let (c, s) = tokio::join!(ep.connect(addr(7322), same), listener.accept());
+    let (c, s) = (c.expect("connect"), s.expect("accept"));
+    c.send(b"ok").await.unwrap();
+    assert_eq!(&s.recv().await.unwrap().unwrap()[..], b"ok");
+}
