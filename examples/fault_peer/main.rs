@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ctl::{Ctl, Side};
+use scenarios::Wire;
 use stream::{Break, within};
 use tokio_rdma::conn::{ConnectOptions, Connection, Listener};
 
@@ -121,16 +122,41 @@ pub const SCENARIOS: &[&str] = &[
     "kill-vm",
 ];
 
+fn wire<'a>(netem: &'a [&'a str], n: u64, chunk: u32, os: (u64, usize)) -> Wire<'a> {
+    Wire {
+        netem,
+        n,
+        chunk,
+        os,
+        may_fail: false,
+    }
+}
+
 async fn run_one(ctx: &mut Ctx, name: &str) -> Result<String, String> {
     match name {
-        "loss1" => scenarios::stream(ctx, &["loss", "1%"], 16, 4).await,
-        "loss5" => scenarios::stream(ctx, &["loss", "5%"], 8, 4).await,
-        "loss20" => scenarios::stream(ctx, &["loss", "20%"], 8, 2).await,
-        "corrupt1" => scenarios::stream(ctx, &["corrupt", "1%"], 16, 4).await,
-        "reorder" => {
-            scenarios::stream(ctx, &["delay", "10ms", "reorder", "25%", "50%"], 16, 4).await
+        // Chunks of 4 KiB (4 packets at rxe's 1024-byte MTU) and of 1 KiB on the lossier
+        // wires: rxe counts every retransmission round of a work request against the retry
+        // count and resets it only on an acknowledgement, which comes at the end of a work
+        // request; 64-packet chunks exhaust 6 retries at 5% loss (docs/faults.md).
+        "loss1" => scenarios::stream(ctx, wire(&["loss", "1%"], 16, 4 << 10, (4, 16 << 10))).await,
+        "loss5" => scenarios::stream(ctx, wire(&["loss", "5%"], 8, 1 << 10, (4, 4 << 10))).await,
+        "loss20" => {
+            let w = Wire {
+                may_fail: true,
+                ..wire(&["loss", "20%"], 8, 1 << 10, (2, 1 << 10))
+            };
+            scenarios::stream(ctx, w).await
         }
-        "duplicate" => scenarios::stream(ctx, &["duplicate", "5%"], 16, 4).await,
+        "corrupt1" => {
+            scenarios::stream(ctx, wire(&["corrupt", "1%"], 16, 4 << 10, (4, 16 << 10))).await
+        }
+        "reorder" => {
+            let netem = &["delay", "10ms", "reorder", "25%", "50%"];
+            scenarios::stream(ctx, wire(netem, 16, 1 << 10, (4, 4 << 10))).await
+        }
+        "duplicate" => {
+            scenarios::stream(ctx, wire(&["duplicate", "5%"], 16, 64 << 10, (4, 64 << 10))).await
+        }
         "slow-reader" => scenarios::slow_reader(ctx).await,
         "link-short" => outage::survive(ctx, outage::Kind::Link).await,
         "link-long" => outage::fail(ctx, outage::Kind::Link).await,

@@ -105,7 +105,7 @@ pub async fn survive(ctx: &mut Ctx, kind: Kind) -> Result<String, String> {
     let (s, r, o) = tokio::join!(
         stream::send_range(&conn, mine, N / 2, N, &c, limit),
         stream::recv_range(&conn, theirs, N / 2, N, &c, limit, ctx.brk),
-        stream::one_sided(&conn, token, mine, 4, &c, limit),
+        stream::one_sided(&conn, token, mine, (4, REGION), &c, limit),
     );
     let secs = at.elapsed().as_secs_f64();
     let c1 = ctl::hw_counters();
@@ -235,14 +235,21 @@ pub async fn fail(ctx: &mut Ctx, kind: Kind) -> Result<String, String> {
     let failure = conn.failure().ok_or("no failure recorded")?;
     drop(grant);
     let closed = close_and_check(conn, false).await?;
-    // Heal, then a new connection must work.
     ctx.ctl.barrier("failed").await?;
-    match kind {
-        Kind::Link => link_up(ctx).await?,
-        Kind::Partition => {
-            ctx.fault(Side::A, &["both", "clear"]).await?;
-        }
+    let desc = format!(
+        "{} (bound keepalive {KEEPALIVE:?} + keepalive_timeout {KEEPALIVE_TIMEOUT:?} = {:?}); connection failure: {failure}; {closed}",
+        ops.join(", "),
+        bound()
+    );
+    if kind == Kind::Link {
+        // Heal; no new connection: on soft-RoCE the disconnect this side sent while its link
+        // was down leaves the host's RDMA CM unable to answer any connection request until the
+        // rxe device is re-created (docs/faults.md), so this is the last scenario of its boot.
+        link_up(ctx).await?;
+        return Ok(format!("{desc}; no reconnect after a link down (rxe: docs/faults.md)"));
     }
+    // Heal, then a new connection must work.
+    ctx.fault(Side::A, &["both", "clear"]).await?;
     let conn = ctx.connect(survive_opts()).await?;
     let c2 = Counts::default();
     let (s, r) = tokio::join!(
@@ -254,9 +261,7 @@ pub async fn fail(ctx: &mut Ctx, kind: Kind) -> Result<String, String> {
     cross_check(ctx, &c2).await?;
     close_and_check(conn, true).await?;
     Ok(format!(
-        "{} (bound keepalive {KEEPALIVE:?} + keepalive_timeout {KEEPALIVE_TIMEOUT:?} = {:?}); connection failure: {failure}; {closed}; after healing a new connection sent {} received {} verified {}",
-        ops.join(", "),
-        bound(),
+        "{desc}; after healing a new connection sent {} received {} verified {}",
         c2.get(&c2.sent),
         c2.get(&c2.received),
         c2.get(&c2.verified)

@@ -210,28 +210,29 @@ pub async fn recv_range(
                 Break::None => {}
             }
         }
-        verify(stream, expected, &bytes)?;
+        verify(stream, expected, &bytes).map_err(|e| format!("VERIFY: {e}"))?;
         bump(&counts.verified, 1);
         expected += 1;
     }
     Ok(())
 }
 
-/// `n` rounds of: write a fresh pattern into the peer's granted region, read it back, compare.
+/// `n` rounds of: write a fresh pattern of `len` bytes into the peer's granted region, read it
+/// back, compare.
 pub async fn one_sided(
     conn: &Connection,
     token: RemoteToken,
     stream: u64,
-    n: u64,
+    (n, len): (u64, usize),
     counts: &Counts,
     limit: Duration,
 ) -> Result<(), String> {
     let pool = conn.pool().map_err(|e| format!("pool: {e}"))?;
     let target = token
-        .slice(0..REGION as u64)
+        .slice(0..len as u64)
         .map_err(|e| format!("token: {e}"))?;
     for k in 0..n {
-        let mut buf = within(limit, "acquire", pool.acquire(REGION))
+        let mut buf = within(limit, "acquire", pool.acquire(len))
             .await?
             .map_err(|e| format!("acquire: {e}"))?;
         fill(one_sided_seed(stream, k), &mut buf);
@@ -243,10 +244,12 @@ pub async fn one_sided(
         let (res, back) = within(limit, &format!("read #{k}"), conn.read(back, target)).await?;
         res.map_err(|e| format!("one-sided read #{k}: {e}"))?;
         bump(&counts.os_reads, 1);
-        let mut want = vec![0u8; REGION];
+        let mut want = vec![0u8; len];
         fill(one_sided_seed(stream, k), &mut want);
         if back[..] != want[..] {
-            return Err(format!("one-sided #{k}: read back differs from what was written"));
+            return Err(format!(
+                "VERIFY: one-sided #{k}: read back differs from what was written"
+            ));
         }
         bump(&counts.os_verified, 1);
     }
