@@ -34,6 +34,9 @@ pub struct Ctx {
     pub ctl: Ctl,
     pub brk: Break,
     port: u16,
+    local_port: u16,
+    /// When this side last requested a fault (the fault happens between this and the answer).
+    pub requested: Option<Instant>,
     scenario: String,
     faults: u32,
 }
@@ -51,21 +54,21 @@ impl Ctx {
                 let l = Listener::bind_with(addr, opts)
                     .await
                     .map_err(|e| format!("bind {addr}: {e}"))?;
-                self.ctl.barrier(&format!("listening {}", self.port)).await?;
+                self.ctl
+                    .barrier(&format!("listening {}", self.port))
+                    .await?;
                 within(SETUP_LIMIT, "accept", l.accept())
                     .await?
                     .map_err(|e| format!("accept: {e}"))
             }
             Side::B => {
                 let addr = SocketAddr::new(self.peer, self.port);
-                self.ctl.barrier(&format!("listening {}", self.port)).await?;
-                within(
-                    SETUP_LIMIT,
-                    "connect",
-                    Connection::connect_with(addr, opts),
-                )
-                .await?
-                .map_err(|e| format!("connect {addr}: {e}"))
+                self.ctl
+                    .barrier(&format!("listening {}", self.port))
+                    .await?;
+                within(SETUP_LIMIT, "connect", Connection::connect_with(addr, opts))
+                    .await?
+                    .map_err(|e| format!("connect {addr}: {e}"))
             }
         }
     }
@@ -73,8 +76,9 @@ impl Ctx {
     /// A connection from this side to itself (a listener on its own address): the "other
     /// connection" of a survivor. Returns (client end, server end).
     pub async fn local_pair(&mut self) -> Result<(Connection, Connection), String> {
-        self.port += 1;
-        let addr = SocketAddr::new(self.me, self.port + 1000);
+        // Its own port range: the peer does not follow (no barrier).
+        self.local_port += 1;
+        let addr = SocketAddr::new(self.me, self.local_port);
         let l = Listener::bind(addr)
             .await
             .map_err(|e| format!("bind {addr}: {e}"))?;
@@ -93,6 +97,7 @@ impl Ctx {
         self.faults += 1;
         let id = format!("{}-{}", self.scenario, self.faults);
         if self.side == requester {
+            self.requested = Some(Instant::now());
             ctl::fault_request(&id, args)?;
         }
         let (at, msg) = ctl::fault_done(&id).await?;
@@ -143,7 +148,7 @@ async fn run_one(ctx: &mut Ctx, name: &str) -> Result<String, String> {
         "loss20" => {
             let w = Wire {
                 may_fail: true,
-                ..wire(&["loss", "20%"], 8, 1 << 10, (2, 1 << 10))
+                ..wire(&["loss", "20%"], 4, 1 << 10, (2, 1 << 10))
             };
             scenarios::stream(ctx, w).await
         }
@@ -206,11 +211,16 @@ async fn main() {
         ctl: Ctl::open(side, out.join("faultctl")).expect("control directory"),
         brk: Break::from_env(),
         port: 7500,
+        local_port: 8500,
+        requested: None,
         scenario: String::new(),
         faults: 0,
     };
     if ctx.brk != Break::None {
-        println!("fault_peer: DELIBERATELY BROKEN verification: {:?}", ctx.brk);
+        println!(
+            "fault_peer: DELIBERATELY BROKEN verification: {:?}",
+            ctx.brk
+        );
     }
     let mut failed = 0;
     for name in &names {
@@ -230,7 +240,21 @@ async fn main() {
                 // Leave a clean wire for the next scenario.
                 let _ = ctx.fault(Side::A, &["both", "clear"]).await;
                 let _ = ctx.fault(Side::A, &["A", "link", "up"]).await;
-                let _ = ctx.fault(Side::A, &["A", "run", "ping", "-c", "1", "-W", "5", &ctx.peer.to_string()]).await;
+                let _ = ctx
+                    .fault(
+                        Side::A,
+                        &[
+                            "A",
+                            "run",
+                            "ping",
+                            "-c",
+                            "1",
+                            "-W",
+                            "5",
+                            &ctx.peer.to_string(),
+                        ],
+                    )
+                    .await;
             }
         }
         println!(

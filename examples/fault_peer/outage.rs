@@ -61,10 +61,17 @@ fn bound() -> Duration {
 /// the kernel's RDMA CM then drops B's connection requests: it cannot address its reply).
 pub async fn link_up(ctx: &mut Ctx) -> Result<(), String> {
     let peer = ctx.peer.to_string();
-    let a_peer = if ctx.is(Side::A) { peer } else { ctx.me.to_string() };
+    let a_peer = if ctx.is(Side::A) {
+        peer
+    } else {
+        ctx.me.to_string()
+    };
     ctx.fault(Side::A, &["A", "link", "up"]).await?;
-    ctx.fault(Side::A, &["A", "run", "ping", "-c", "1", "-W", "5", &a_peer])
-        .await?;
+    ctx.fault(
+        Side::A,
+        &["A", "run", "ping", "-c", "1", "-W", "5", &a_peer],
+    )
+    .await?;
     Ok(())
 }
 
@@ -163,8 +170,15 @@ async fn pending_ops(
         }),
         timed("recv", conn.recv()),
         timed("one-sided read", async {
-            let (res, _buf) = conn.read(buf, token).await;
-            res
+            // Reads in a loop until one fails: one is always in flight when the fault hits.
+            let mut buf = buf;
+            loop {
+                let (res, b) = conn.read(buf, token).await;
+                res?;
+                buf = b;
+            }
+            #[allow(unreachable_code)]
+            Ok(())
         }),
     );
     Ok(vec![s?, r?, o?])
@@ -201,7 +215,13 @@ async fn check_failed(
         }
     }
     let t = Instant::now();
-    match within(Duration::from_secs(5), "send after failure", conn.send(b"x")).await? {
+    match within(
+        Duration::from_secs(5),
+        "send after failure",
+        conn.send(b"x"),
+    )
+    .await?
+    {
         Err(Error::QpFailed(_)) => out.push(format!(
             "a later send failed in {:.0} ms",
             t.elapsed().as_secs_f64() * 1e3
@@ -246,7 +266,9 @@ pub async fn fail(ctx: &mut Ctx, kind: Kind) -> Result<String, String> {
         // was down leaves the host's RDMA CM unable to answer any connection request until the
         // rxe device is re-created (docs/faults.md), so this is the last scenario of its boot.
         link_up(ctx).await?;
-        return Ok(format!("{desc}; no reconnect after a link down (rxe: docs/faults.md)"));
+        return Ok(format!(
+            "{desc}; no reconnect after a link down (rxe: docs/faults.md)"
+        ));
     }
     // Heal, then a new connection must work.
     ctx.fault(Side::A, &["both", "clear"]).await?;
@@ -284,7 +306,9 @@ pub async fn peer_death(ctx: &mut Ctx, victim: Side, how: &str) -> Result<String
         let (_grant, _token) = exchange_grants(ctx, &conn).await?;
         ctx.ctl.barrier("armed").await?;
         tokio::time::sleep(HANG_LIMIT).await;
-        return Err(format!("{how}: still alive {HANG_LIMIT:?} after the fault was armed"));
+        return Err(format!(
+            "{how}: still alive {HANG_LIMIT:?} after the fault was armed"
+        ));
     }
     // Warm up (the device's driver, kept for the process), then the baseline.
     let (a, b) = ctx.local_pair().await?;
@@ -304,8 +328,11 @@ pub async fn peer_death(ctx: &mut Ctx, victim: Side, how: &str) -> Result<String
     // The kill, requested once the ops are posted (at their first poll, join! polls them
     // first); their times count from its answer.
     let kill = [target, how];
-    let (ops, at) = tokio::join!(pending_ops(&conn, token, &big), ctx.fault(survivor, &kill));
-    let at = at?;
+    let (ops, done) = tokio::join!(pending_ops(&conn, token, &big), ctx.fault(survivor, &kill));
+    let done = done?;
+    // The kill happens between the request and its answer (the peer may notice before the
+    // answer arrives): the times count from the request, an upper bound.
+    let at = ctx.requested.ok_or("no kill requested")?;
     let ops = check_failed(&conn, ops?, at).await?;
     let failure = conn.failure().ok_or("no failure recorded")?;
     drop(grant);
@@ -321,8 +348,9 @@ pub async fn peer_death(ctx: &mut Ctx, victim: Side, how: &str) -> Result<String
     close_and_check(ls, false).await?;
     let after = settle(&Some(base.clone())).await?;
     Ok(format!(
-        "{how} of {target} applied {:.1} s after the ops were posted; {}; connection failure: {failure}; {closed}; the other connection sent {} received {} verified {}; rdma resources {after:?} = baseline",
+        "{how} of {target} requested {:.1} s after the ops were posted, answered {:.1} s later; times from the request: {}; connection failure: {failure}; {closed}; the other connection sent {} received {} verified {}; rdma resources {after:?} = baseline",
         at.duration_since(t_posted).as_secs_f64(),
+        done.duration_since(at).as_secs_f64(),
         ops.join(", "),
         c2.get(&c2.sent),
         c2.get(&c2.received),

@@ -189,7 +189,10 @@ pub async fn stream(ctx: &mut Ctx, w: Wire<'_>) -> Result<String, String> {
         let theirs = ctx.ctl.exchange(&c.get(&c.received).to_string()).await?;
         let p_recv: u64 = theirs.parse().map_err(|_| format!("peer: '{theirs}'"))?;
         if p_recv > c.get(&c.sent) {
-            return Err(format!("the peer received {p_recv} of {} sent", c.get(&c.sent)));
+            return Err(format!(
+                "the peer received {p_recv} of {} sent",
+                c.get(&c.sent)
+            ));
         }
         let closed = close_and_check(conn, false).await?;
         return Ok(format!(
