@@ -1,5 +1,6 @@
-//! The async-event task: surfaces `IBV_EVENT_QP_FATAL`, port errors and device loss to the
-//! affected queue pairs, whose operations then resolve with [`QpFailure::AsyncEvent`].
+//! The async-event task: surfaces `IBV_EVENT_QP_FATAL`, CQ errors and device loss to the
+//! affected queue pairs, whose operations then resolve with [`QpFailure::AsyncEvent`]. A port
+//! error is only logged (see `AsyncEvent::is_fatal`).
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Weak};
@@ -102,7 +103,7 @@ fn dispatch(shared: &Arc<Shared>, ev: &AsyncEvent) {
                 .filter(|(_, e)| e.as_ref().is_some_and(|e| e.qp.qpn() == qpn))
                 .map(|(i, _)| QpKey::from_index(i))
                 .collect(),
-            // A port error, CQ error or device loss affects every queue pair of this driver.
+            // A CQ error or device loss affects every queue pair of this driver.
             _ => (0..st.qps.len())
                 .filter(|&i| st.qps[i].is_some())
                 .map(QpKey::from_index)

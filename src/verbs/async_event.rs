@@ -36,8 +36,13 @@ pub struct AsyncEvent {
 }
 
 impl AsyncEvent {
-    /// Whether the event means the element can no longer be used (fatal QP/CQ errors, port
-    /// errors, device loss).
+    /// Whether the event means the element can no longer be used (fatal QP/CQ errors, device
+    /// loss).
+    ///
+    /// A port error (`IBV_EVENT_PORT_ERR`, the link went down) is not fatal: the queue pairs
+    /// stay in RTS and RC retransmission carries them over a link that comes back within
+    /// their retry budget; those whose peer stays unreachable fail by their own retries or
+    /// keepalive (docs/faults.md).
     pub fn is_fatal(&self) -> bool {
         matches!(
             self.raw,
@@ -45,7 +50,6 @@ impl AsyncEvent {
                 | sys::IBV_EVENT_QP_REQ_ERR
                 | sys::IBV_EVENT_QP_ACCESS_ERR
                 | sys::IBV_EVENT_CQ_ERR
-                | sys::IBV_EVENT_PORT_ERR
                 | sys::IBV_EVENT_DEVICE_FATAL
         )
     }
