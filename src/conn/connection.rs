@@ -223,6 +223,12 @@ impl Connection {
         }
     }
 
+    /// The peer disconnected before the connection was handed out (its events were consumed
+    /// by the setup): what it sent is still delivered, then the connection ends.
+    pub(crate) fn peer_disconnected(&self) {
+        self.shared.qp.force_error(crate::QpFailure::Disconnected);
+    }
+
     /// A registered buffer pool for this connection's one-sided operations and grants,
     /// created on first use (its buffers are registered in this connection's protection
     /// domain, so they work on this connection only). The connection's own message traffic

@@ -298,9 +298,19 @@ pub(crate) async fn accept(
         .private_data(&accept_data);
     id.accept(&param).map_err(|e| reject(&id, e))?;
     // From here on the client holds our reply: REJECTED (it refused our handshake or gave up),
-    // UNREACHABLE (our reply was never answered), DISCONNECTED ... end the setup with the
-    // event's error; dropping the id then tears the rest down.
-    events.next().await?.expect(CmEventKind::Established)?;
+    // UNREACHABLE (our reply was never answered) ... end the setup with the event's error;
+    // dropping the id then tears the rest down.
+    let ev = events.next().await?;
+    if ev.kind() == CmEventKind::Disconnected {
+        // The client established, sent, closed and disconnected before ESTABLISHED reached
+        // us. Our queue pair (in RTR) received what it sent: hand the connection over with the
+        // disconnect applied, so its messages (and its clean close) are still delivered.
+        tracing::debug!("the client disconnected before ESTABLISHED arrived");
+        let conn = Connection::established(starting, Arc::new(id), events, span);
+        conn.peer_disconnected();
+        return Ok(conn);
+    }
+    ev.expect(CmEventKind::Established)?;
     id.modify_qp_rts_with_retries(&qp, opts.retry_count, RNR_RETRY)?;
     Ok(Connection::established(
         starting,
