@@ -7,7 +7,7 @@
 //!
 //! # Wire format (version 2)
 //!
-//! Version 2 is the message protocol of [`core::conn`](crate::proto::conn) (control window,
+//! Version 2 is the message protocol of `docs/connections.md` (control window,
 //! abort and error messages); version 1 peers are refused. The layout is unchanged.
 //!
 //! 28 bytes, big endian, well under the 56 bytes of private data an RC connect request carries
@@ -61,7 +61,7 @@ pub const ENCODED_LEN: usize = 28;
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
 /// Fewest receive credits a side may announce: 2, so a sender always has a chunk in flight
 /// while the previous chunk's credit returns. (Control messages have receives of their own on
-/// top of the credits; see [`core::Credits`](crate::proto::Credits).)
+/// top of the credits; see `docs/connections.md`.)
 pub const MIN_CREDITS: u32 = 2;
 /// Largest number of receive credits a side may announce.
 pub const MAX_CREDITS: u32 = 65_535;

@@ -1,5 +1,8 @@
-//! The Tokio shell: a [`Driver`] per device owns a completion queue and the tasks that feed
-//! the sans-IO [`core`](crate::proto), and creates [`AsyncQp`]s whose operations are futures.
+//! The Tokio shell: a [`Driver`] owns a completion queue, the engine of every operation
+//! future (post, then poll the CQ in place and spin or sleep as the [`CompletionMode`] says),
+//! and the tasks for what nobody polls; it creates [`AsyncQp`]s whose operations are futures.
+//! An [`Endpoint`](crate::Endpoint) owns one; use [`Endpoint::driver`](crate::Endpoint::driver)
+//! for raw queue pairs next to connections.
 //!
 //! # Examples
 //!
@@ -174,9 +177,9 @@ pub struct DriverStats {
     pub ops_in_table: u64,
 }
 
-/// A device's completion machinery: one completion queue, its completion task and the
-/// async-event task. Cheap to clone. Must be created inside a Tokio runtime. Create one per
-/// device context (the async-event task of a context routes events to one driver).
+/// A completion queue with its machinery: the completion task and the async-event task. Cheap
+/// to clone. Must be created inside a Tokio runtime (with the time driver enabled). Several
+/// drivers may share a device context.
 #[derive(Debug, Clone)]
 pub struct Driver {
     inner: Arc<DriverInner>,
