@@ -346,8 +346,19 @@ impl Connection {
     pub async fn close(&self) -> Result<()> {
         self.shared.io.with(|s| s.proto.close_full());
         let res = self.wait_close().await;
-        // The driver disconnects and drains; wait for the queue pair to be flushed.
+        // The driver task disconnects and drains: wait until everything is flushed and every
+        // buffer is back (bounded by its drain limit).
         let _ = self.shared.qp.close().instrument(self.span.clone()).await;
+        let io = &self.shared.io;
+        loop {
+            let done = io.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if io.torn_down.load(std::sync::atomic::Ordering::Acquire) {
+                break;
+            }
+            done.await;
+        }
         match res {
             Err(Error::QpFailed(crate::QpFailure::Disconnected | crate::QpFailure::Closed)) => {
                 Ok(())

@@ -100,6 +100,10 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     if let Err(e) = id.disconnect() {
         trace!(error = %e, "rdma_disconnect");
     }
+    // Everything posted now flushes; the marker's flush retires sends that completed
+    // unsignaled (they raise no completion of their own).
+    shared.qp.force_error(QpFailure::Closed);
+    io.post_drain_marker();
     let drained = tokio::time::timeout(DRAIN_LIMIT, async {
         let qp_closed = shared.qp.close();
         tokio::pin!(qp_closed);
@@ -123,6 +127,8 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     if drained.is_err() {
         warn!("outstanding work requests did not flush within {DRAIN_LIMIT:?}");
     }
+    io.torn_down.store(true, std::sync::atomic::Ordering::Release);
+    io.done.notify_waiters();
     // Consume the CM events that follow a disconnect (TIMEWAIT_EXIT) so the id can go.
     let _ = tokio::time::timeout(Duration::from_millis(100), async {
         while let Ok(ev) = events.next().await {

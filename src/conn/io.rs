@@ -38,6 +38,9 @@ enum Sent {
     Data(Option<PoolBuf>),
     /// A control message, reported to the state machine when retired.
     Control(MsgKind),
+    /// A zero-length signaled send posted after the queue pair failed: its flush retires every
+    /// send before it (sends that completed unsignaled raise no completion of their own).
+    Marker,
 }
 
 /// Everything behind the connection's lock.
@@ -86,6 +89,10 @@ pub(crate) struct ConnIo {
     pub(crate) kick: Notify,
     /// Signalled when both rings are empty during teardown.
     pub(crate) drained: Notify,
+    /// Set (and `done` signalled) when the connection's teardown finished: everything flushed,
+    /// every buffer back.
+    pub(crate) torn_down: std::sync::atomic::AtomicBool,
+    pub(crate) done: Notify,
 }
 
 /// Parameters of a [`ConnIo`].
@@ -129,6 +136,28 @@ impl ConnIo {
             staged_signal: (cfg.staging_count / 2).max(1),
             kick: Notify::new(),
             drained: Notify::new(),
+            torn_down: std::sync::atomic::AtomicBool::new(false),
+            done: Notify::new(),
+        }
+    }
+
+    /// After the queue pair was moved to the error state: posts a signaled zero-length send
+    /// whose flush completion retires every send still in the ring (those that completed
+    /// unsignaled before the failure would otherwise hold their staging buffers).
+    pub(crate) fn post_drain_marker(&self) {
+        let mut s = self.lock();
+        if s.sends.is_empty() {
+            return;
+        }
+        let seq = s.next_send;
+        let wr = SendWr::new(self.wr_base | u64::from(SEND_BIT | seq), SendOp::Send, &[]);
+        // SAFETY: a zero-length send names no memory.
+        match unsafe { self.qp.post_send(&[wr]) } {
+            Ok(()) => {
+                s.next_send = (seq + 1) & !SEND_BIT;
+                s.sends.push_back((seq, Sent::Marker));
+            }
+            Err(e) => warn!(error = %e, "posting the drain marker failed; staging buffers stay held until the connection is dropped"),
         }
     }
 
@@ -423,6 +452,7 @@ impl Sink for ConnIo {
                     Ok(())
                 };
                 match sent {
+                    Sent::Marker => {}
                     Sent::Control(kind) => s.proto.handle_control_done(kind, res, now),
                     Sent::Data(buf) => {
                         drop(buf);

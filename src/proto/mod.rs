@@ -19,9 +19,11 @@
 //!
 //! # Examples
 //!
-//! ```
+//! (Not a doc test: the module is private; its unit tests make the same calls.)
+//!
+//! ```ignore
 //! use std::task::{Context, Poll};
-//! use tokio_rdma::proto::{Completed, Core, Cqe, QpConfig, WorkRequest};
+//! use crate::proto::{Completed, Core, Cqe, QpConfig, WorkRequest};
 //! use tokio_rdma::WcStatus;
 //!
 //! let mut core: Core<&'static str> = Core::new();

@@ -22,8 +22,10 @@
 //!
 //! # Examples
 //!
-//! ```
-//! use tokio_rdma::proto::{MsgHeader, MsgKind};
+//! (Not a doc test: the module is private; its unit tests make the same calls.)
+//!
+//! ```ignore
+//! use crate::proto::{MsgHeader, MsgKind};
 //! let h = MsgHeader { kind: MsgKind::Last, ctrl_ack: 3, credits: 7 };
 //! assert_eq!(MsgHeader::decode(h.encode()).unwrap(), h);
 //! assert!(MsgHeader::decode(0xf000_0000).is_err());

@@ -24,8 +24,10 @@
 //!
 //! # Examples
 //!
-//! ```
-//! use tokio_rdma::proto::Credits;
+//! (Not a doc test: the module is private; its unit tests make the same calls.)
+//!
+//! ```ignore
+//! use crate::proto::Credits;
 //!
 //! let mut c = Credits::new(4, 4); // the peer keeps 4 data receives for us; we keep 4 for it
 //! for _ in 0..4 {
