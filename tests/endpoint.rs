@@ -5,6 +5,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use common::within;
 use tokio_rdma::conn::ConnectOptions;
@@ -41,7 +42,13 @@ async fn endpoints_with_different_modes_coexist_on_one_device() {
     let before = (busy.stats(), event.stats());
     for i in 0..200u32 {
         let msg = i.to_be_bytes();
-        let (sent, got) = tokio::join!(client.send(&msg), server.recv());
+        // The server waits first (so on the event endpoint it sleeps on a completion event);
+        // the client sends a moment later.
+        let send_later = async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            client.send(&msg).await
+        };
+        let (got, sent) = tokio::join!(server.recv(), send_later);
         sent.unwrap();
         assert_eq!(&got.unwrap().expect("message")[..], &msg);
         let (sent, got) = tokio::join!(server.send(&msg), client.recv());

@@ -127,7 +127,8 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     if drained.is_err() {
         warn!("outstanding work requests did not flush within {DRAIN_LIMIT:?}");
     }
-    io.torn_down.store(true, std::sync::atomic::Ordering::Release);
+    io.torn_down
+        .store(true, std::sync::atomic::Ordering::Release);
     io.done.notify_waiters();
     // Consume the CM events that follow a disconnect (TIMEWAIT_EXIT) so the id can go.
     let _ = tokio::time::timeout(Duration::from_millis(100), async {

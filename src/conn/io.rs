@@ -157,7 +157,9 @@ impl ConnIo {
                 s.next_send = (seq + 1) & !SEND_BIT;
                 s.sends.push_back((seq, Sent::Marker));
             }
-            Err(e) => warn!(error = %e, "posting the drain marker failed; staging buffers stay held until the connection is dropped"),
+            Err(e) => {
+                warn!(error = %e, "posting the drain marker failed; staging buffers stay held until the connection is dropped")
+            }
         }
     }
 

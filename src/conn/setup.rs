@@ -69,7 +69,8 @@ impl EndpointChoice {
             EndpointChoice::Given(ep) => {
                 if !ep.owns(&ctx) {
                     return Err(Error::InvalidArgument(format!(
-                        "the address is reached through device {}, not through the endpoint's                          device {}",
+                        "the address is reached through device {}, not through the endpoint's \
+                         device {}",
                         ctx.name(),
                         ep.device_name()
                     )));
@@ -77,7 +78,8 @@ impl EndpointChoice {
                 match opts.completion_mode {
                     Some(m) if m != ep.options().completion_mode => {
                         Err(Error::InvalidArgument(format!(
-                            "ConnectOptions::completion_mode {m:?} differs from the endpoint's                              {:?}: the mode belongs to the endpoint (EndpointOptions)",
+                            "ConnectOptions::completion_mode {m:?} differs from the endpoint's \
+                             {:?}: the mode belongs to the endpoint (EndpointOptions)",
                             ep.options().completion_mode
                         )))
                     }
