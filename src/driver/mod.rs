@@ -35,7 +35,7 @@ use std::time::Duration;
 use tracing::debug;
 
 pub use qp::AsyncQp;
-pub(crate) use raw::{OpConfig, RawOp, check_remote};
+pub(crate) use raw::{OpConfig, RawOp};
 pub(crate) use shared::{Deferred, Shared, Sink};
 pub(crate) use wait::{WaitKind, Waiter};
 

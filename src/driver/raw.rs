@@ -180,8 +180,3 @@ impl<B: Send + 'static> Drop for RawOp<B> {
         }
     }
 }
-
-/// Checks a local length against a remote token and returns the remote address.
-pub(crate) fn check_remote(remote: &crate::buf::RemoteToken, len: u64) -> Result<u64> {
-    remote.check(0, len)
-}

@@ -4,9 +4,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use super::check_remote;
 use super::sg::{SgTarget, target_list};
 use crate::buf::RemoteToken;
-use crate::driver::{OpConfig, RawOp, check_remote};
+use crate::driver::{OpConfig, RawOp};
 use crate::error::Result;
 use crate::proto::WorkRequest;
 use crate::verbs::SendOp;
