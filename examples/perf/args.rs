@@ -592,4 +592,27 @@ mod tests {
             (0, 10, &[2][..])
         );
     }
+
+    #[test]
+    fn msg_tests_and_cpu_of() {
+        let argv = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let a = parse_from(argv("--client h --test msg_rate --size 64 --depth 64")).unwrap();
+        let Role::Client { cfg, .. } = a.role else {
+            panic!()
+        };
+        assert_eq!((cfg.test, cfg.depth, cfg.inline), (Test::MsgRate, 64, 64));
+        assert_eq!(TestConfig::decode(&cfg.encode()).unwrap(), cfg);
+        let a = parse_from(argv("--client h --test msg_lat --sizes 64,4096")).unwrap();
+        let Role::Client { cfg, .. } = a.role else {
+            panic!()
+        };
+        assert!(cfg.test.is_lat() && cfg.test.is_msg() && cfg.depth == 1);
+        assert!(parse_from(argv("--client h --test msg_lat --engine verbs")).is_err());
+        let a = parse_from(argv("cpu-of --mark #bytes -- stdbuf -oL ib_send_lat -e")).unwrap();
+        let Role::CpuOf { mark, cmd } = a.role else {
+            panic!()
+        };
+        assert_eq!(mark.as_deref(), Some("#bytes"));
+        assert_eq!(cmd, ["stdbuf", "-oL", "ib_send_lat", "-e"]);
+    }
 }
