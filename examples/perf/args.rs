@@ -6,7 +6,8 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
 use tokio_rdma::driver::CompletionMode;
 
-/// The six tests, named like perftest's binaries.
+/// The six queue-pair tests, named like perftest's binaries, and the two connection-message
+/// tests (RDMA CM connections through an `Endpoint`, `Connection::send` / `recv`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Test {
     WriteLat,
@@ -15,6 +16,8 @@ pub enum Test {
     WriteBw,
     SendBw,
     ReadBw,
+    MsgLat,
+    MsgRate,
 }
 
 impl Test {
@@ -26,6 +29,8 @@ impl Test {
             "write_bw" | "write-bw" => Test::WriteBw,
             "send_bw" | "send-bw" => Test::SendBw,
             "read_bw" | "read-bw" => Test::ReadBw,
+            "msg_lat" | "msg-lat" => Test::MsgLat,
+            "msg_rate" | "msg-rate" => Test::MsgRate,
             _ => return None,
         })
     }
@@ -38,11 +43,21 @@ impl Test {
             Test::WriteBw => "write_bw",
             Test::SendBw => "send_bw",
             Test::ReadBw => "read_bw",
+            Test::MsgLat => "msg_lat",
+            Test::MsgRate => "msg_rate",
         }
     }
 
+    /// A connection-message test (RDMA CM connection, no raw queue pairs).
+    pub fn is_msg(self) -> bool {
+        matches!(self, Test::MsgLat | Test::MsgRate)
+    }
+
     pub fn is_lat(self) -> bool {
-        matches!(self, Test::WriteLat | Test::SendLat | Test::ReadLat)
+        matches!(
+            self,
+            Test::WriteLat | Test::SendLat | Test::ReadLat | Test::MsgLat
+        )
     }
 
     /// What one latency sample is (see docs/benchmarks.md).
@@ -51,6 +66,8 @@ impl Test {
             Test::WriteLat => "half round trip (write + peer's write back, polling memory)",
             Test::SendLat => "half round trip (send ping, receive pong)",
             Test::ReadLat => "one read, post to completion (full round trip)",
+            Test::MsgLat => "half round trip (Connection::send ping, Connection::recv pong)",
+            Test::MsgRate => "Connection::send start to resolve, under load (not halved)",
             _ => "post to completion of each op under load (not halved)",
         }
     }
@@ -187,6 +204,10 @@ pub enum Role {
         title: String,
         series: Vec<(String, String)>,
     },
+    CpuOf {
+        mark: Option<String>,
+        cmd: Vec<String>,
+    },
 }
 
 #[derive(Debug)]
@@ -219,6 +240,16 @@ Tests (--test, default write_lat):
   write_bw, send_bw, read_bw
              --depth operations outstanding per queue pair (like ib_*_bw); bandwidth in MiB/s
              (perftest's MB/sec), message rate in Mop/s, and each op's post-to-completion time
+  msg_lat    ping-pong of connection messages (Endpoint + RDMA CM connection, Connection::send,
+             Connection::recv; compare with ib_send_lat); latency = half a round trip
+  msg_rate   a stream of connection messages with --depth messages in flight (the receiver's
+             receive credits; compare with ib_send_bw -t DEPTH); the client times first send to
+             the receiver's acknowledgement of the last (a 1-byte message back)
+
+For msg_*, the server also listens with RDMA CM on an ephemeral port of the device and tells
+the client over the control connection; --inline is the connection's max_inline (default 64,
+the crate's default); the queue-pair options (--signal-every, --coalesce, --rx-depth, --qps)
+do not apply.
 
 Percentiles come from an HDR histogram of the samples (nanosecond resolution, 3 significant
 digits).";
@@ -252,7 +283,7 @@ struct Cli {
     /// Server: serve this many clients, then exit (0: forever)
     #[arg(long, value_name = "N", default_value_t = 1)]
     clients: usize,
-    /// write_lat | send_lat | read_lat | write_bw | send_bw | read_bw
+    /// write_lat | send_lat | read_lat | write_bw | send_bw | read_bw | msg_lat | msg_rate
     #[arg(short = 't', long, value_name = "TEST", default_value = "write_lat",
           value_parser = parse_test, help_heading = "Client options")]
     test: Test,
@@ -283,7 +314,8 @@ struct Cli {
         help_heading = "Client options"
     )]
     warmup: usize,
-    /// Outstanding ops per queue pair in bandwidth tests
+    /// Outstanding ops per queue pair in bandwidth tests; msg_rate: messages in flight (the
+    /// receiver's receive credits)
     #[arg(
         long,
         value_name = "D",
@@ -358,6 +390,25 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run CMD and print its CPU time (wait4's rusage: user + system, microsecond resolution,
+    /// its waited-for children included) as `cpu_of: user_us=U sys_us=S cpu_us=T` on stderr;
+    /// exits with CMD's status. scripts/bench-vs-perftest measures perftest with it.
+    CpuOf {
+        /// Also report the CPU time from the output line containing TEXT to the next line
+        /// (perftest: from its results header to its results row, i.e. the measured loop) as
+        /// `loop_cpu_us=N`, read from /proc/PID/task/*/schedstat; the command's stdout must be
+        /// line-buffered for this (`stdbuf -oL`)
+        #[arg(long, value_name = "TEXT")]
+        mark: Option<String>,
+        /// The command and its arguments
+        #[arg(
+            value_name = "CMD",
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            required = true
+        )]
+        cmd: Vec<String>,
+    },
     /// Plot the latency CDFs of sample files (ours, or perftest's -U output) as SVG
     Plot {
         /// The SVG file to write
@@ -400,6 +451,17 @@ pub fn parse() -> Args {
 pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
     let cli = Cli::try_parse_from(std::iter::once("perf".to_string()).chain(argv))?;
     let bad = |msg: &str| Err(Cli::command().error(ErrorKind::ValueValidation, msg));
+    if let Some(Command::CpuOf { mark, cmd }) = cli.command {
+        return Ok(Args {
+            role: Role::CpuOf { mark, cmd },
+            device: None,
+            json: false,
+            svg: None,
+            samples: None,
+            quiet: true,
+            clients: 0,
+        });
+    }
     if let Some(Command::Plot { svg, title, series }) = cli.command {
         return Ok(Args {
             role: Role::Plot {
@@ -435,6 +497,8 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
             let default_inline = match test {
                 Test::WriteLat => 220,
                 Test::SendLat => 236,
+                // The connection's default (`Params::default().max_inline`).
+                Test::MsgLat | Test::MsgRate => 64,
                 _ => 0,
             };
             let verbs = cli.engine == "verbs";
@@ -456,8 +520,11 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
                 coalesce: cli.coalesce.unwrap_or(!test.is_lat()),
                 verbs,
             };
-            if verbs && !test.is_lat() {
-                return bad("--engine verbs exists for the latency tests only");
+            if verbs && (!test.is_lat() || test.is_msg()) {
+                return bad("--engine verbs exists for the queue-pair latency tests only");
+            }
+            if test.is_msg() && cli.qps != 1 {
+                return bad("msg_* tests use one connection");
             }
             if cfg.iters < 2 {
                 return bad("--iters must be at least 2");
@@ -524,5 +591,28 @@ mod tests {
             (cfg.inline, cfg.iters, cfg.sizes.as_slice()),
             (0, 10, &[2][..])
         );
+    }
+
+    #[test]
+    fn msg_tests_and_cpu_of() {
+        let argv = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        let a = parse_from(argv("--client h --test msg_rate --size 64 --depth 64")).unwrap();
+        let Role::Client { cfg, .. } = a.role else {
+            panic!()
+        };
+        assert_eq!((cfg.test, cfg.depth, cfg.inline), (Test::MsgRate, 64, 64));
+        assert_eq!(TestConfig::decode(&cfg.encode()).unwrap(), cfg);
+        let a = parse_from(argv("--client h --test msg_lat --sizes 64,4096")).unwrap();
+        let Role::Client { cfg, .. } = a.role else {
+            panic!()
+        };
+        assert!(cfg.test.is_lat() && cfg.test.is_msg() && cfg.depth == 1);
+        assert!(parse_from(argv("--client h --test msg_lat --engine verbs")).is_err());
+        let a = parse_from(argv("cpu-of --mark #bytes -- stdbuf -oL ib_send_lat -e")).unwrap();
+        let Role::CpuOf { mark, cmd } = a.role else {
+            panic!()
+        };
+        assert_eq!(mark.as_deref(), Some("#bytes"));
+        assert_eq!(cmd, ["stdbuf", "-oL", "ib_send_lat", "-e"]);
     }
 }

@@ -17,11 +17,78 @@ pub struct StatsDelta {
     pub polls: u64,
     pub doorbells: u64,
     pub posted: u64,
+    pub polled_in_place: u64,
+    pub arms: u64,
 }
 
 impl StatsDelta {
+    const FIELDS: [&'static str; 8] = [
+        "completions",
+        "cq_events",
+        "empty_events",
+        "polls",
+        "doorbells",
+        "posted",
+        "polled_in_place",
+        "arms",
+    ];
+
+    fn values(&self) -> [u64; 8] {
+        [
+            self.completions,
+            self.cq_events,
+            self.empty_events,
+            self.polls,
+            self.doorbells,
+            self.posted,
+            self.polled_in_place,
+            self.arms,
+        ]
+    }
+
+    /// `name=value` pairs separated by spaces (the server's `stats` line).
+    pub fn encode(&self) -> String {
+        let kv: Vec<String> = Self::FIELDS
+            .iter()
+            .zip(self.values())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        kv.join(" ")
+    }
+
+    /// The counters of an `encode`d line (None if any is missing).
+    pub fn decode(line: &str) -> Option<StatsDelta> {
+        let get = |name: &str| {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        Some(StatsDelta {
+            completions: get("completions")?,
+            cq_events: get("cq_events")?,
+            empty_events: get("empty_events")?,
+            polls: get("polls")?,
+            doorbells: get("doorbells")?,
+            posted: get("posted")?,
+            polled_in_place: get("polled_in_place")?,
+            arms: get("arms")?,
+        })
+    }
+
+    /// A JSON object of the counters.
+    pub fn json(&self) -> String {
+        let kv: Vec<String> = Self::FIELDS
+            .iter()
+            .zip(self.values())
+            .map(|(k, v)| format!("\"{k}\":{v}"))
+            .collect();
+        format!("{{{}}}", kv.join(","))
+    }
+
     pub fn between(a: &DriverStats, b: &DriverStats) -> StatsDelta {
         StatsDelta {
+            polled_in_place: b.polled_in_place - a.polled_in_place,
+            arms: b.arms - a.arms,
             completions: b.completions - a.completions,
             cq_events: b.cq_events - a.cq_events,
             empty_events: b.empty_events - a.empty_events,
@@ -84,6 +151,8 @@ pub struct CaseResult {
     pub cpu: Duration,
     pub peer_cpu: Option<Duration>,
     pub stats: StatsDelta,
+    /// The server's driver counters over its part of the run.
+    pub peer_stats: Option<StatsDelta>,
     pub hw: Vec<(String, u64)>,
 }
 
@@ -237,7 +306,7 @@ pub fn json_line(cfg: &TestConfig, device: &str, r: &CaseResult) -> String {
         cfg.coalesce
     );
     let lat_def = match cfg.test {
-        Test::WriteLat | Test::SendLat => "half_rtt",
+        Test::WriteLat | Test::SendLat | Test::MsgLat => "half_rtt",
         Test::ReadLat => "full_op",
         _ => "op_under_load",
     };
@@ -261,11 +330,11 @@ pub fn json_line(cfg: &TestConfig, device: &str, r: &CaseResult) -> String {
         jnum(r.per_op(r.cpu)),
         r.peer_cpu.map_or("null".to_string(), |c| jnum(r.per_op(c)))
     );
-    let st = &r.stats;
     let _ = write!(
         o,
-        "\"driver\":{{\"completions\":{},\"cq_events\":{},\"empty_events\":{},\"polls\":{},\"doorbells\":{},\"posted\":{}}},\"hw\":{{",
-        st.completions, st.cq_events, st.empty_events, st.polls, st.doorbells, st.posted
+        "\"driver\":{},\"peer_driver\":{},\"hw\":{{",
+        r.stats.json(),
+        r.peer_stats.map_or("null".to_string(), |s| s.json())
     );
     let hw: Vec<String> = r.hw.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     o.push_str(&hw.join(","));

@@ -99,9 +99,11 @@ pub async fn client_case(
     ctrl.send("done").await?;
     let peer = ctrl.expect("stats").await?;
     let peer_cpu = peer
-        .strip_prefix("cpu_ns=")
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("cpu_ns="))
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_nanos);
+    let peer_stats = StatsDelta::decode(&peer);
     samples.sort_by(f64::total_cmp);
     Ok(CaseResult {
         size,
@@ -111,6 +113,7 @@ pub async fn client_case(
         cpu,
         peer_cpu,
         stats,
+        peer_stats,
         hw,
     })
 }
@@ -146,6 +149,9 @@ async fn async_client(
     samples: &mut Vec<f64>,
     mark: &mut impl FnMut(usize),
 ) -> Res<u64> {
+    if cfg.test.is_msg() {
+        return crate::msg::client(side, cfg, size, samples, mark).await;
+    }
     let total = cfg.warmup + cfg.iters;
     let qp = &side.qps[0];
     let ops;
@@ -214,7 +220,7 @@ async fn async_client(
             }
             ops = cfg.iters as u64;
         }
-        Test::WriteBw | Test::SendBw | Test::ReadBw => {
+        Test::WriteBw | Test::SendBw | Test::ReadBw | Test::MsgLat | Test::MsgRate => {
             if cfg.warmup > 0 {
                 bw_loop(side, cfg, size, cfg.warmup, &mut Vec::new()).await?;
             }
@@ -282,17 +288,27 @@ async fn recv_one(q: usize, qp: &AsyncQp, c: Chunk) -> RecvOut {
 }
 
 /// Server side of one size (after `run SIZE`): prepares, says `ready`, plays its part, waits
-/// for `done`, and answers with its CPU time.
+/// for `done`, and answers with its CPU time and driver counters.
 pub async fn server_case(ctrl: &mut Ctrl, side: &Side, cfg: &TestConfig, size: usize) -> Res<()> {
     let total = cfg.warmup + cfg.iters;
     let cpu0 = cpu_time();
-    if cfg.verbs {
-        crate::verbs_engine::server(side, cfg, size, async || ctrl.send("ready").await).await?;
+    let stats0 = driver_stats(side);
+    let finish = async |ctrl: &mut Ctrl| -> Res<()> {
         ctrl.expect("done").await?;
         let cpu = cpu_time() - cpu0;
-        ctrl.send(&format!("stats cpu_ns={}", cpu.as_nanos()))
+        let st = StatsDelta::between(&stats0, &driver_stats(side));
+        ctrl.send(&format!("stats cpu_ns={} {}", cpu.as_nanos(), st.encode()))
             .await?;
-        return Ok(());
+        Ok(())
+    };
+    if cfg.verbs {
+        crate::verbs_engine::server(side, cfg, size, async || ctrl.send("ready").await).await?;
+        return finish(ctrl).await;
+    }
+    if cfg.test.is_msg() {
+        ctrl.send("ready").await?;
+        crate::msg::server(side, cfg, size).await?;
+        return finish(ctrl).await;
     }
     let qp = &side.qps[0];
     match cfg.test {
@@ -364,13 +380,9 @@ pub async fn server_case(ctrl: &mut Ctrl, side: &Side, cfg: &TestConfig, size: u
                 }
             }
         }
-        Test::ReadLat | Test::WriteBw | Test::ReadBw => {
+        Test::ReadLat | Test::WriteBw | Test::ReadBw | Test::MsgLat | Test::MsgRate => {
             ctrl.send("ready").await?;
         }
     }
-    ctrl.expect("done").await?;
-    let cpu = cpu_time() - cpu0;
-    ctrl.send(&format!("stats cpu_ns={}", cpu.as_nanos()))
-        .await?;
-    Ok(())
+    finish(ctrl).await
 }

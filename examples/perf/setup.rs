@@ -145,6 +145,8 @@ pub struct Side {
     pub remote: Vec<RemoteToken>,
     pub device: String,
     pub port: u8,
+    /// The msg_* tests' RDMA CM connection (None for queue-pair tests).
+    pub conn: Option<tokio_rdma::conn::Connection>,
 }
 
 pub fn open(device: Option<&str>) -> Res<(Context, u8)> {
@@ -291,6 +293,7 @@ pub async fn establish(
         remote: peer.into_iter().map(|(_, t)| t).collect(),
         device: ctx.name().to_string(),
         port,
+        conn: None,
     })
 }
 

@@ -1,0 +1,189 @@
+//! The connection-message tests (`msg_lat`, `msg_rate`): an `Endpoint` on the device, an RDMA
+//! CM connection between client and server (the server listens on an ephemeral port and says
+//! which over the control channel), and `Connection::send` / `Connection::recv`.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio_rdma::conn::{ConnectOptions, Connection};
+use tokio_rdma::verbs::{PortState, ProtectionDomain};
+use tokio_rdma::{Endpoint, EndpointOptions};
+
+use crate::args::{Test, TestConfig};
+use crate::setup::{Ctrl, Res, Side};
+
+/// The options both sides use: the crate's defaults, with the inline limit of `--inline` and,
+/// for msg_rate, `--depth` receive credits (the window: the sender never has more messages in
+/// flight than the receiver has credits).
+fn conn_options(cfg: &TestConfig) -> ConnectOptions {
+    let mut opts = ConnectOptions::default();
+    opts.params.max_inline = cfg.inline;
+    if cfg.test == Test::MsgRate {
+        opts = opts.recv_credits(cfg.depth.max(2) as u32);
+    }
+    opts
+}
+
+/// Opens the endpoint (in `cfg.mode`) and connects: the server (`client == None`) listens and
+/// accepts, the client connects to `client`'s host on the port the server names.
+pub async fn establish(
+    ctrl: &mut Ctrl,
+    cfg: &TestConfig,
+    device: Option<&str>,
+    client: Option<&str>,
+) -> Res<Side> {
+    let eopts = EndpointOptions::default().completion_mode(cfg.mode);
+    let ep = match device {
+        Some(name) => Endpoint::open_with(name, eopts)?,
+        None => Endpoint::open_first_active_with(eopts)?,
+    };
+    let ctx = ep.context();
+    let port = (1..=ctx.device_attr().phys_port_cnt)
+        .find(|&p| {
+            ctx.query_port(p)
+                .is_ok_and(|a| a.state == PortState::Active)
+        })
+        .unwrap_or(1);
+    let opts = conn_options(cfg);
+    let conn = match client {
+        None => {
+            let any: SocketAddr = "0.0.0.0:0".parse().expect("address");
+            let listener = ep.listen_with(any, opts).await?;
+            let cm_port = listener
+                .local_addr()
+                .map(|a| a.port())
+                .ok_or("the listener has no local address")?;
+            ctrl.send(&format!("cm {cm_port}")).await?;
+            let conn = tokio::time::timeout(Duration::from_secs(60), listener.accept())
+                .await
+                .map_err(|_| "no RDMA CM connection within 60 s")??;
+            ctrl.expect("connected").await?;
+            ctrl.send("connected").await?;
+            conn
+        }
+        Some(host) => {
+            let cm_port: u16 = ctrl.expect("cm").await?.parse()?;
+            let addr = tokio::net::lookup_host((host, cm_port))
+                .await?
+                .find(SocketAddr::is_ipv4)
+                .ok_or_else(|| format!("{host}: no IPv4 address"))?;
+            let conn = ep.connect(addr, opts).await?;
+            ctrl.send("connected").await?;
+            ctrl.expect("connected").await?;
+            conn
+        }
+    };
+    Ok(Side {
+        pd: ProtectionDomain::new(ctx)?,
+        driver: Some(ep.driver().clone()),
+        qps: Vec::new(),
+        vqps: Vec::new(),
+        exposed: Vec::new(),
+        remote: Vec::new(),
+        device: ep.device_name().to_string(),
+        port,
+        conn: Some(conn),
+    })
+}
+
+/// Closes the connection (if any) cleanly, giving up after a few seconds.
+pub async fn close(side: &Side) {
+    if let Some(conn) = &side.conn {
+        let _ = tokio::time::timeout(Duration::from_secs(5), conn.close()).await;
+    }
+}
+
+fn conn(side: &Side) -> &Connection {
+    side.conn.as_ref().expect("a msg test has a connection")
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Client side of one size; returns the number of measured operations.
+pub async fn client(
+    side: &Side,
+    cfg: &TestConfig,
+    size: usize,
+    samples: &mut Vec<f64>,
+    mark: &mut impl FnMut(usize),
+) -> Res<u64> {
+    let conn = conn(side);
+    let msg = vec![0x5au8; size];
+    match cfg.test {
+        Test::MsgLat => {
+            for k in 0..cfg.warmup + cfg.iters {
+                mark(k);
+                let t = Instant::now();
+                conn.send(&msg).await?;
+                let pong = conn.recv().await?.ok_or("the server closed early")?;
+                let rtt = t.elapsed();
+                if pong.len() != size {
+                    return Err(format!("pong of {} bytes, expected {size}", pong.len()).into());
+                }
+                // Dropping the pong returns its credit (outside the timed part, as perftest
+                // re-posts its receive after taking the time).
+                drop(pong);
+                if k >= cfg.warmup {
+                    samples.push(us(rtt) / 2.0);
+                }
+            }
+        }
+        _ => {
+            if cfg.warmup > 0 {
+                stream(conn, &msg, cfg.warmup, &mut Vec::new()).await?;
+            }
+            mark(cfg.warmup);
+            stream(conn, &msg, cfg.iters, samples).await?;
+        }
+    }
+    Ok(cfg.iters as u64)
+}
+
+/// Sends `n` messages back to back (each send waits only for a credit), then waits for the
+/// receiver's 1-byte acknowledgement of the last.
+async fn stream(conn: &Connection, msg: &[u8], n: usize, samples: &mut Vec<f64>) -> Res<()> {
+    for _ in 0..n {
+        let t = Instant::now();
+        conn.send(msg).await?;
+        samples.push(us(t.elapsed()));
+    }
+    let ack = conn.recv().await?.ok_or("the server closed early")?;
+    if ack.len() != 1 {
+        return Err(format!("ack of {} bytes", ack.len()).into());
+    }
+    Ok(())
+}
+
+/// Server side of one size, after `ready`: echo each ping, or take a stream and acknowledge it.
+pub async fn server(side: &Side, cfg: &TestConfig, size: usize) -> Res<()> {
+    let conn = conn(side);
+    let next = async || -> Res<_> {
+        let m = conn.recv().await?.ok_or("the client closed early")?;
+        if m.len() != size {
+            return Err(format!("message of {} bytes, expected {size}", m.len()).into());
+        }
+        Ok(m)
+    };
+    match cfg.test {
+        Test::MsgLat => {
+            for _ in 0..cfg.warmup + cfg.iters {
+                let m = next().await?;
+                conn.send(&m[..]).await?;
+            }
+        }
+        _ => {
+            for n in [cfg.warmup, cfg.iters] {
+                if n == 0 {
+                    continue;
+                }
+                for _ in 0..n {
+                    drop(next().await?);
+                }
+                conn.send(&[1]).await?;
+            }
+        }
+    }
+    Ok(())
+}
