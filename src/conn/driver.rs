@@ -125,7 +125,12 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     })
     .await;
     if drained.is_err() {
-        warn!("outstanding work requests did not flush within {DRAIN_LIMIT:?}");
+        let n = io.abandon_unflushed();
+        warn!(
+            abandoned = n,
+            "work requests did not flush within {DRAIN_LIMIT:?}; the queue pair is in the error \
+             state (it processes nothing): their buffers are released"
+        );
     }
     io.torn_down
         .store(true, std::sync::atomic::Ordering::Release);

@@ -366,6 +366,18 @@ impl ConnIo {
         s.proto.recvs_posted(posted);
     }
 
+    /// Gives up on requests the device never flushed (seen on rxe under packet duplication: a
+    /// receive it was filling when the queue pair failed gets no flush completion). Call only
+    /// with the queue pair in the error state, which processes nothing, after waiting for the
+    /// flushes: their buffers go back to the pools. Returns how many were abandoned.
+    pub(crate) fn abandon_unflushed(&self) -> usize {
+        let (recvs, sends) = {
+            let mut s = self.lock();
+            (std::mem::take(&mut s.recvs), std::mem::take(&mut s.sends))
+        };
+        recvs.len() + sends.len()
+    }
+
     /// Receives and sends still on the device.
     pub(crate) fn outstanding(s: &ConnState) -> usize {
         s.recvs.len() + s.sends.len()
