@@ -11,6 +11,7 @@
 //! order the state machine hands chunks out.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::Instant;
@@ -89,6 +90,9 @@ pub(crate) struct ConnIo {
     pub(crate) kick: Notify,
     /// Signalled when both rings are empty during teardown.
     pub(crate) drained: Notify,
+    /// Bumped under the lock whenever the state may have changed (a completion, a user call):
+    /// a spinning waiter re-examines the state only when it moved.
+    changes: AtomicU64,
     /// Set (and `done` signalled) when the connection's teardown finished: everything flushed,
     /// every buffer back.
     pub(crate) torn_down: std::sync::atomic::AtomicBool,
@@ -136,6 +140,7 @@ impl ConnIo {
             staged_signal: (cfg.staging_count / 2).max(1),
             kick: Notify::new(),
             drained: Notify::new(),
+            changes: AtomicU64::new(0),
             torn_down: std::sync::atomic::AtomicBool::new(false),
             done: Notify::new(),
         }
@@ -175,6 +180,7 @@ impl ConnIo {
         let mut wake = Deferred::default();
         let (r, kick) = {
             let mut s = self.lock();
+            self.changes.fetch_add(1, Ordering::Release);
             let r = f(&mut s);
             let kick = self.pump(&mut s, Instant::now(), &mut wake);
             (r, kick)
@@ -378,6 +384,11 @@ impl ConnIo {
         recvs.len() + sends.len()
     }
 
+    /// How often the state may have changed so far (see `changes`).
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
     /// Receives and sends still on the device.
     pub(crate) fn outstanding(s: &ConnState) -> usize {
         s.recvs.len() + s.sends.len()
@@ -434,6 +445,7 @@ impl Sink for ConnIo {
         let now = Instant::now();
         let ok = cqe.status == WcStatus::Success;
         let mut s = self.lock();
+        self.changes.fetch_add(1, Ordering::Release);
         let was_failed = s.proto.failure().is_some();
         if local & SEND_BIT == 0 {
             let Some(buf) = s.recvs.pop_front() else {

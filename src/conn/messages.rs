@@ -154,18 +154,33 @@ impl<'a> Progress<'a> {
         &mut self,
         mut f: impl FnMut(&mut ConnState, &mut Context<'_>) -> Poll<Result<T>>,
     ) -> Result<T> {
+        // The state's change count when `f` last looked (read under the lock, so any later
+        // change counts past it): while spinning, `f` (and the state machine's pump behind
+        // `with`) runs again only once something changed.
+        let mut seen: Option<u64> = None;
         std::future::poll_fn(|cx| {
             let conn = &self.conn.shared;
-            if let Poll::Ready(v) = conn.io.with(|s| f(s, cx)) {
-                self.waiter.done(conn.qp.shared(), WaitKind::Recv);
-                return Poll::Ready(v);
-            }
-            if conn.qp.poll_completions() > 0 {
-                if let Poll::Ready(v) = conn.io.with(|s| f(s, cx)) {
+            let io = &conn.io;
+            let mut look = |seen: &mut Option<u64>, cx: &mut Context<'_>| {
+                io.with(|s| {
+                    *seen = Some(io.changes());
+                    f(s, cx)
+                })
+            };
+            if seen != Some(io.changes()) {
+                if let Poll::Ready(v) = look(&mut seen, cx) {
                     self.waiter.done(conn.qp.shared(), WaitKind::Recv);
                     return Poll::Ready(v);
                 }
             }
+            conn.qp.poll_completions();
+            if seen != Some(io.changes()) {
+                if let Poll::Ready(v) = look(&mut seen, cx) {
+                    self.waiter.done(conn.qp.shared(), WaitKind::Recv);
+                    return Poll::Ready(v);
+                }
+            }
+            // `f` registered this task's waker the last time it looked; nothing changed since.
             if self.waiter.keep_spinning(conn.qp.shared(), WaitKind::Recv) {
                 cx.waker().wake_by_ref();
             }
