@@ -8,7 +8,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::conn::{ConnectOptions, Connection, Listener};
+use crate::conn::raw::listen_on;
+use crate::conn::{
+    ConnectOptions, Connection, Listener, RawConnection, RawConnector, RawListener, RawOptions,
+};
 use crate::driver::{CompletionMode, Driver, DriverOptions, DriverStats};
 use crate::error::{Error, Result};
 use crate::verbs::{Context, PortState};
@@ -243,6 +246,68 @@ impl Endpoint {
     /// As [`listen`](Self::listen).
     pub async fn listen_with(&self, addr: SocketAddr, opts: ConnectOptions) -> Result<Listener> {
         Listener::bind_on(Some(self.clone()), addr, opts).await
+    }
+
+    /// Resolves `addr` (which must be reached through this endpoint's device) and creates a
+    /// raw connection's protection domain and queue pair, ready for receives to be posted
+    /// before [`RawConnector::connect`]. See [`conn::RawConnection`](crate::conn::RawConnection)
+    /// and `docs/interop.md`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for options that cannot apply or an address reached through
+    /// another device; resolution errors ([`Error::ResolveAddr`], [`Error::CmEventFailed`],
+    /// [`Error::Timeout`]); verb errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the attempt and frees what it made.
+    ///
+    /// # Examples
+    ///
+    /// See [`RawConnector`].
+    pub async fn raw_connector(&self, addr: SocketAddr, opts: RawOptions) -> Result<RawConnector> {
+        RawConnector::new(self, addr, opts).await
+    }
+
+    /// Connects a raw queue pair to `addr` with `private_data` in the request: resolve,
+    /// [`RawConnector::connect`], [`RawReply::establish`](crate::conn::RawReply::establish),
+    /// for protocols whose server does not send before it hears from the client.
+    ///
+    /// # Errors
+    ///
+    /// As [`raw_connector`](Self::raw_connector) and [`RawConnector::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`raw_connector`](Self::raw_connector).
+    ///
+    /// # Examples
+    ///
+    /// See [`RawConnection`](crate::conn::RawConnection).
+    pub async fn connect_raw(
+        &self,
+        addr: SocketAddr,
+        opts: RawOptions,
+        private_data: &[u8],
+    ) -> Result<RawConnection> {
+        let c = self.raw_connector(addr, opts).await?;
+        c.connect(private_data).await?.establish()
+    }
+
+    /// Listens for raw connection requests on `addr` (a local address of this endpoint's
+    /// device, or a wildcard), queueing up to `backlog` in the kernel.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BindAddr`] (address in use, not an RDMA address), [`Error::Listen`],
+    /// [`Error::CmChannel`].
+    ///
+    /// # Examples
+    ///
+    /// See [`RawListener`].
+    pub fn listen_raw(&self, addr: SocketAddr, backlog: u32) -> Result<RawListener> {
+        listen_on(Some(self.clone()), addr, backlog)
     }
 
     /// The device's name.

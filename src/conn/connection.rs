@@ -9,19 +9,20 @@ use std::time::Instant;
 
 use tracing::{Instrument, debug, info_span};
 
-use super::cm_async::AsyncChannel;
 use super::driver;
 use super::handshake::{Flags, Negotiated};
 use super::io::{ConnIo, IoConfig};
 use super::options::ConnectOptions;
-use super::setup::{self, Prepared};
+use super::raw::RawConnection;
+use super::setup;
 use super::shared::ConnShared;
 use super::stream::RdmaStream;
 use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::proto::conn::{ConnConfig, ConnCounters, ConnProto};
-use crate::verbs::CmId;
+use crate::driver::AsyncQp;
+use crate::verbs::ProtectionDomain;
 
 /// An established RDMA connection.
 ///
@@ -81,7 +82,8 @@ pub struct ConnStats {
 
 /// A connection whose receives are posted, waiting for the CM handshake to complete.
 pub(crate) struct Starting {
-    shared: Arc<ConnShared>,
+    io: Arc<ConnIo>,
+    negotiated: Negotiated,
     offered: Flags,
     user_pool_config: PoolConfig,
 }
@@ -143,9 +145,11 @@ impl Connection {
     }
 
     /// Setup, phase 1 (before the peer learns this side's credits): builds the state machine
-    /// and posts its receives.
+    /// on `qp` (in `pd`, with the private buffers of `pool`) and posts its receives.
     pub(crate) fn start(
-        prepared: Prepared,
+        qp: &AsyncQp,
+        pd: &ProtectionDomain,
+        pool: Pool,
         negotiated: Negotiated,
         opts: &ConnectOptions,
     ) -> Result<Starting> {
@@ -160,15 +164,14 @@ impl Connection {
         };
         let staging_count = negotiated.send_credits + 1;
         let staging = Pool::with_pd(
-            &prepared.pd,
+            pd,
             setup::staging_pool_config(negotiated.max_send_size, negotiated.send_credits),
         )?;
-        let qp = prepared.qp;
         let io = Arc::new(ConnIo::new(
             IoConfig {
                 qp: qp.verbs().clone(),
                 wr_base: qp.sink_wr_id(0),
-                pool: prepared.pool,
+                pool,
                 staging,
                 recv_size: negotiated.recv_buf_size as usize,
                 max_inline: qp.caps().max_inline_data as usize,
@@ -184,34 +187,43 @@ impl Connection {
             return Err(Error::QpFailed(e));
         }
         debug_assert!(!short, "the private pool covers the initial receives");
-        let shared = Arc::new(ConnShared {
-            qp,
-            pd: prepared.pd,
-            params: negotiated,
-            io,
-        });
         Ok(Starting {
-            shared,
+            io,
+            negotiated,
             offered: opts.params.flags,
             user_pool_config: opts.user_pool.clone(),
         })
     }
 
-    /// Setup, phase 2: the CM connection is established and the queue pair is in RTS; the
-    /// driver task starts.
+    /// Setup, phase 2: the CM connection `raw` (the queue pair `start` was given) is
+    /// established and its queue pair in RTS; the driver task starts. A peer that disconnected
+    /// before the connection was handed out (its events were consumed by the setup) still has
+    /// what it sent delivered, then the connection ends.
     pub(crate) fn established(
         starting: Starting,
-        id: Arc<CmId>,
-        events: AsyncChannel,
+        raw: RawConnection,
         span: tracing::Span,
     ) -> Connection {
         let Starting {
-            shared,
+            io,
+            negotiated,
             offered,
             user_pool_config,
         } = starting;
-        let peer = id.peer_addr();
-        tokio::spawn(driver::run(shared.clone(), id, events).instrument(span.clone()));
+        let parts = raw.into_parts();
+        let peer = parts.id.peer_addr();
+        let shared = Arc::new(ConnShared {
+            qp: parts.qp,
+            pd: parts.pd,
+            params: negotiated,
+            io,
+        });
+        if parts.peer_gone {
+            shared.qp.force_error(crate::QpFailure::Disconnected);
+        }
+        tokio::spawn(
+            driver::run(shared.clone(), Arc::new(parts.id), parts.events).instrument(span.clone()),
+        );
         span.in_scope(|| debug!(negotiated = ?shared.params, "connection established"));
         Connection {
             shared,
@@ -221,12 +233,6 @@ impl Connection {
             user_pool: OnceLock::new(),
             user_pool_config,
         }
-    }
-
-    /// The peer disconnected before the connection was handed out (its events were consumed
-    /// by the setup): what it sent is still delivered, then the connection ends.
-    pub(crate) fn peer_disconnected(&self) {
-        self.shared.qp.force_error(crate::QpFailure::Disconnected);
     }
 
     /// A registered buffer pool for this connection's one-sided operations and grants,

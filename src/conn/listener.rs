@@ -10,14 +10,13 @@ use tokio::sync::{Mutex as AsyncMutex, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::cm_async::AsyncChannel;
 use super::connection::Connection;
 use super::handshake::HandshakeError;
 use super::options::ConnectOptions;
+use super::raw::{self, RawListener, RawRequest};
 use super::setup;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::verbs::{CmEvent, CmEventKind, CmId, EventChannel};
 
 /// The reason a connection request gets, in its reject's private data, when
 /// [`ConnectOptions::backlog`] handshakes are already pending.
@@ -219,11 +218,8 @@ impl Listener {
                 "a listener's backlog must be at least 1".into(),
             ));
         }
-        let events = AsyncChannel::new(EventChannel::new()?)?;
-        let id = events.channel().create_id()?;
-        id.bind_addr(addr)?;
-        id.listen(i32::try_from(opts.backlog).unwrap_or(i32::MAX))?;
-        let local_addr = id.local_addr();
+        let raw = raw::listen_on(None, addr, u32::try_from(opts.backlog).unwrap_or(u32::MAX))?;
+        let local_addr = raw.local_addr();
         let (tx, rx) = mpsc::channel(opts.backlog);
         let mut shared = Shared::default();
         if let Some(ep) = endpoint {
@@ -232,7 +228,7 @@ impl Listener {
         let shared = Arc::new(shared);
         let span = info_span!("listener", addr = ?local_addr);
         let task =
-            tokio::spawn(run(events, id, Arc::new(opts), tx, shared.clone()).instrument(span));
+            tokio::spawn(run(raw, Arc::new(opts), tx, shared.clone()).instrument(span));
         Ok(Listener {
             local_addr,
             queue: AsyncMutex::new(rx),
@@ -307,11 +303,10 @@ impl fmt::Debug for Listener {
     }
 }
 
-/// The listener's task: reads the listening id's events and spawns a handshake task per
-/// connection request.
+/// The listener's task: takes the raw listener's connection requests and spawns a handshake
+/// task for each.
 async fn run(
-    events: AsyncChannel,
-    id: CmId,
+    raw: RawListener,
     opts: Arc<ConnectOptions>,
     tx: mpsc::Sender<Connection>,
     shared: Arc<Shared>,
@@ -319,12 +314,8 @@ async fn run(
     let mut setups = JoinSet::new();
     let failure = loop {
         tokio::select! {
-            ev = events.next() => match ev {
-                Ok(ev) => {
-                    if let Err(e) = on_event(ev, &opts, &tx, &shared, &mut setups) {
-                        break e;
-                    }
-                }
+            req = raw.next() => match req {
+                Ok(req) => on_request(req, &opts, &tx, &shared, &mut setups),
                 Err(e) => break e,
             },
             Some(done) = setups.join_next(), if !setups.is_empty() => {
@@ -339,37 +330,21 @@ async fn run(
     warn!(error = %failure, "listener stopped");
     shared.set_failure(failure);
     // No new requests; the handshakes in progress may still deliver their connections.
-    drop(id);
+    drop(raw);
     drop(tx);
     while setups.join_next().await.is_some() {}
 }
 
-/// Handles one event of the listening id. `Err` only for a failure of the listener itself.
-fn on_event(
-    mut ev: CmEvent,
+/// Handles one connection request: refused at once if the backlog is full, else its handshake
+/// runs in a task of its own.
+fn on_request(
+    req: RawRequest,
     opts: &Arc<ConnectOptions>,
     tx: &mpsc::Sender<Connection>,
     shared: &Arc<Shared>,
     setups: &mut JoinSet<()>,
-) -> Result<()> {
-    match ev.kind() {
-        CmEventKind::ConnectRequest => {}
-        CmEventKind::DeviceRemoval => {
-            return Err(ev.error().unwrap_or(Error::CmEventFailed {
-                event: ev.name(),
-                status: ev.status(),
-                source: None,
-            }));
-        }
-        other => {
-            debug!(event = %other, "listener event ignored");
-            return Ok(());
-        }
-    }
-    let Some(mut id) = ev.take_id() else {
-        return Ok(());
-    };
-    let peer = id.peer_addr();
+) {
+    let peer = req.peer_addr();
     let span = info_span!("conn", peer = ?peer, side = "server");
     let pending = shared.pending.load(Ordering::Acquire);
     if pending >= opts.backlog {
@@ -381,41 +356,15 @@ fn on_event(
                 "connection request rejected: listener backlog full"
             );
         });
-        setup::reject_with(&id, BACKLOG_FULL_REASON);
-        return Ok(());
+        raw::reject_with(req.id(), BACKLOG_FULL_REASON);
+        return;
     }
-    // The request gets its own event channel at once, so every later event of its id
-    // (ESTABLISHED, REJECTED, DISCONNECTED, ...) goes to its handshake task, not here.
-    let channel = EventChannel::new()
-        .and_then(|ch| {
-            id.migrate(&ch)?;
-            AsyncChannel::new(ch)
-        })
-        .map_err(|e| setup::reject(&id, e));
-    let events = match channel {
-        Ok(events) => events,
-        Err(e) => {
-            shared.refused();
-            span.in_scope(|| warn!(error = %e, "connection request refused"));
-            return Ok(());
-        }
-    };
     let slot = PendingSlot::new(shared);
-    let private_data = ev.private_data().to_vec();
-    let request = ev.conn_param().copied();
     let (opts, tx, shared) = (opts.clone(), tx.clone(), shared.clone());
     setups.spawn(
         async move {
             let timeout = opts.handshake_timeout;
-            let setup = setup::accept(
-                id,
-                events,
-                &private_data,
-                request,
-                &opts,
-                &shared.endpoints,
-                tracing::Span::current(),
-            );
+            let setup = setup::accept(req, &opts, &shared.endpoints, tracing::Span::current());
             let result = match tokio::time::timeout(timeout, setup).await {
                 Ok(r) => r,
                 Err(_) => Err(Error::Timeout {
@@ -450,7 +399,6 @@ fn on_event(
         }
         .instrument(span),
     );
-    Ok(())
 }
 
 /// Whether a handshake failure means the client does not speak tokio-rdma at all (no

@@ -14,6 +14,7 @@ mod listener;
 mod messages;
 mod one_sided;
 mod options;
+pub(crate) mod raw;
 mod setup;
 mod shared;
 mod stream;
@@ -22,5 +23,8 @@ pub mod wire;
 pub use connection::{ConnStats, Connection};
 pub use listener::{BACKLOG_FULL_REASON, Listener};
 pub use options::ConnectOptions;
+pub use raw::{
+    RawAccepting, RawConnection, RawConnector, RawListener, RawOptions, RawReply, RawRequest,
+};
 pub use shared::Message;
 pub use stream::RdmaStream;

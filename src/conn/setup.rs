@@ -5,20 +5,18 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use super::cm_async::AsyncChannel;
-use super::connection::{Connection, Starting};
+use std::time::Duration;
+
+use super::connection::Connection;
 use super::handshake::{self, Flags, Params};
 use super::options::ConnectOptions;
+use super::raw::{self, RawConnector, RawOptions, RawRequest, reject};
 use crate::buf::{Pool, PoolConfig, SizeClass};
-use crate::driver::{AsyncQp, QpOptions};
+use crate::driver::QpOptions;
 use crate::endpoint::{Endpoint, EndpointOptions};
 use crate::error::{Error, Result};
 use crate::proto::conn::CONTROL_RECVS;
-use crate::verbs::{
-    AccessFlags, CmEventKind, CmId, ConnParam, Context, EventChannel, PeerConnParam,
-    ProtectionDomain, QpCaps, QpState,
-};
-use tracing::warn;
+use crate::verbs::{AccessFlags, CmId, Context, ProtectionDomain, QpCaps};
 
 /// RNR retries: data never meets a receiver that is not ready (credits); a control message
 /// may, for the moment between its receive completing at the peer and being re-posted, so it
@@ -29,18 +27,6 @@ const RNR_RETRY: u8 = 7;
 /// Send-queue entries for the connection's message sends (data chunks and control messages,
 /// until retired by a signaled completion): room for two windows of the default 64 credits.
 pub(crate) const SINK_SENDS: u32 = 2 * 64 + 2 * CONTROL_RECVS;
-
-/// Everything set up before the handshake completes.
-#[derive(Debug)]
-pub(crate) struct Prepared {
-    pub(crate) qp: AsyncQp,
-    /// The connection's own protection domain: its queue pair, its buffers and every grant
-    /// made for it live here and nowhere else, so no other connection's queue pair can reach
-    /// them whatever rkey it presents.
-    pub(crate) pd: ProtectionDomain,
-    /// Registered buffers for the connection's own traffic (receives and send staging).
-    pub(crate) pool: Pool,
-}
 
 /// Where a connection's endpoint (completion queue, driver) comes from.
 #[derive(Debug, Clone)]
@@ -67,14 +53,7 @@ impl EndpointChoice {
         };
         match self {
             EndpointChoice::Given(ep) => {
-                if !ep.owns(&ctx) {
-                    return Err(Error::InvalidArgument(format!(
-                        "the address is reached through device {}, not through the endpoint's \
-                         device {}",
-                        ctx.name(),
-                        ep.device_name()
-                    )));
-                }
+                raw::check_device(ep, id)?;
                 match opts.completion_mode {
                     Some(m) if m != ep.options().completion_mode => {
                         Err(Error::InvalidArgument(format!(
@@ -118,33 +97,24 @@ fn recv_depth(opts: &ConnectOptions) -> u32 {
     opts.params.recv_credits + CONTROL_RECVS + 1
 }
 
-/// Creates the connection's protection domain, its queue pair (in INIT) and its pool on the
-/// id's device, on the endpoint `choice` names.
-pub(crate) fn prepare(
-    id: &CmId,
-    opts: &ConnectOptions,
-    choice: &EndpointChoice,
-) -> Result<Prepared> {
-    let endpoint = choice.endpoint_for(id, opts)?;
-    let driver = endpoint.driver();
-    let ctx = endpoint.context().clone();
-    let pd = ProtectionDomain::new(&ctx)?;
-    let p = &opts.params;
+/// The raw connection options of a message connection with `opts`: its queue sizes, remote
+/// access only for what this side offers, its retry counts, and `timeout` for each CM step.
+fn raw_options(opts: &ConnectOptions, timeout: Duration) -> Result<RawOptions> {
     if opts.retry_count > 6 {
         return Err(Error::InvalidArgument(format!(
             "retry_count {} is not in 0..=6 (7 means retry forever on some devices)",
             opts.retry_count
         )));
     }
-    let caps = QpCaps {
-        max_send_wr: send_depth(opts),
-        max_recv_wr: recv_depth(opts),
-        max_send_sge: 2,
-        max_recv_sge: 1,
-        max_inline_data: p.max_inline,
-    };
-    let qopts = QpOptions {
-        caps,
+    let p = &opts.params;
+    let qp = QpOptions {
+        caps: QpCaps {
+            max_send_wr: send_depth(opts),
+            max_recv_wr: recv_depth(opts),
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: p.max_inline,
+        },
         signal_every: 1,
         // The connection submits under its state machine's lock to keep the wire order:
         // every operation posts on its first poll.
@@ -152,7 +122,6 @@ pub(crate) fn prepare(
         sink_sends: SINK_SENDS,
         ..QpOptions::default()
     };
-    let qp = driver.create_qp(&pd, qopts)?;
     // Least privilege: the queue pair admits remote READ/WRITE (and atomics) only if this side
     // offers them; the memory itself still needs a grant (an rkey) per buffer.
     let mut access = AccessFlags::LOCAL_WRITE;
@@ -162,14 +131,20 @@ pub(crate) fn prepare(
     if p.flags.contains(Flags::ATOMICS) {
         access |= AccessFlags::REMOTE_ATOMIC;
     }
-    id.modify_qp_with_access(qp.verbs(), QpState::Init, access)?;
-    // The private buffers: receives (posted, plus as many again held by the application
-    // before credits stop) and send staging (one per data credit the peer can give us, which
-    // bounds the chunks in flight). Registered once, here, never on the data path. The peer's
-    // receive size (our chunk size) is only known after the handshake; until then size the
-    // staging class for the largest chunk the handshake allows us to accept as ours.
-    let pool = Pool::with_pd(&pd, private_pool_config(p.recv_buf_size, p.recv_credits))?;
-    Ok(Prepared { qp, pd, pool })
+    Ok(RawOptions::default()
+        .qp_options(qp)
+        .access(access)
+        .retry_count(opts.retry_count)
+        .rnr_retry_count(RNR_RETRY)
+        .ack_timeout(opts.ack_timeout)
+        .timeout(timeout))
+}
+
+/// The connection's private buffers, in its protection domain `pd`: receives (posted, plus
+/// as many again held by the application before credits stop) and control slack. Registered
+/// once, here, never on the data path.
+fn private_pool(pd: &ProtectionDomain, p: &Params) -> Result<Pool> {
+    Pool::with_pd(pd, private_pool_config(p.recv_buf_size, p.recv_credits))
 }
 
 /// The private pool of a connection whose receives are `recv_buf_size` bytes and whose
@@ -186,7 +161,8 @@ pub(crate) fn staging_pool_config(chunk: u32, send_credits: u32) -> PoolConfig {
 }
 
 /// The active side: resolve, create the queue pair, connect with our handshake, negotiate
-/// with the peer's, then establish.
+/// with the peer's, post receives, then establish (the raw connection's steps, with the
+/// handshake in the private data).
 ///
 /// Dropped at any await point (the caller's timeout, or the caller's own future dropped), it
 /// frees what it made: the CM id (destroyed: a request already sent is rejected towards the
@@ -199,67 +175,26 @@ pub(crate) async fn connect(
 ) -> Result<Connection> {
     // Refused before anything is created or sent (e.g. fewer than 2 receive credits).
     opts.params.validate()?;
+    let raw_opts = raw_options(&opts, opts.connect_timeout)?;
     let local: Params = opts.params;
     let hs = local.encode()?;
-    let channel = AsyncChannel::new(EventChannel::new()?)?;
-    let id = Arc::new(channel.channel().create_id()?);
-    if let Some(t) = opts.ack_timeout {
-        id.set_ack_timeout(t)?;
-    }
-    let ms = u32::try_from(opts.connect_timeout.as_millis())
-        .unwrap_or(u32::MAX)
-        .max(1000);
-    id.resolve_addr(None, addr, ms)?;
-    channel
-        .expect(CmEventKind::AddrResolved, opts.connect_timeout)
-        .await?;
-    id.resolve_route(ms)?;
-    channel
-        .expect(CmEventKind::RouteResolved, opts.connect_timeout)
-        .await?;
-    let prepared = prepare(&id, &opts, &choice)?;
-    let mut param = ConnParam::new(prepared.qp.verbs()).private_data(&hs);
-    param.retry_count = opts.retry_count;
-    param.rnr_retry_count = RNR_RETRY;
-    id.connect(&param)?;
-    let ev = channel.next().await?;
-    let ev = ev.expect(CmEventKind::ConnectResponse)?;
-    // A bad or incompatible answer: returning drops the id, which rejects the server's reply
-    // (its setup ends at once).
-    let remote = Params::decode(ev.private_data())?;
+    let resolved = raw::resolve(addr, opts.connect_timeout).await?;
+    let endpoint = choice.endpoint_for(&resolved.id, &opts)?;
+    let connector = RawConnector::on(&endpoint, resolved, raw_opts)?;
+    // A bad or incompatible answer: returning drops the reply, which rejects it (the server's
+    // setup ends at once).
+    let reply = connector.connect(&hs).await?;
+    let remote = Params::decode(reply.private_data())?;
     let negotiated = handshake::negotiate(&local, &remote)?;
-    let qp = prepared.qp.verbs().clone();
     // Receives are posted before the peer learns our credits (before establish).
-    let starting = Connection::start(prepared, negotiated, &opts)?;
-    id.modify_qp(&qp, QpState::Rtr)?;
-    id.modify_qp_rts_with_retries(&qp, opts.retry_count, RNR_RETRY)?;
-    id.establish()?;
-    Ok(Connection::established(starting, id, channel, span))
+    let pool = private_pool(reply.pd(), &local)?;
+    let starting = Connection::start(reply.qp(), reply.pd(), pool, negotiated, &opts)?;
+    Ok(Connection::established(starting, reply.establish()?, span))
 }
 
-/// Rejects a connection request with `err`'s text as the reason (`"tokio-rdma: ..."`, at most
-/// [`REJECT_REASON_MAX`] bytes), and returns `err`.
-pub(crate) fn reject(id: &CmId, err: Error) -> Error {
-    reject_with(id, &format!("tokio-rdma: {err}"));
-    err
-}
-
-/// Rejects a connection request with `reason` in the reject's private data.
-pub(crate) fn reject_with(id: &CmId, reason: &str) {
-    let mut reason = reason.as_bytes().to_vec();
-    reason.truncate(REJECT_REASON_MAX);
-    if let Err(e) = id.reject(&reason) {
-        warn!(error = %e, "rdma_reject failed");
-    }
-}
-
-/// Most bytes of a reason sent in a reject's private data (the transport carries 148).
-pub(crate) const REJECT_REASON_MAX: usize = 140;
-
-/// The passive side, for one connection request whose id was migrated to its own event
-/// channel `events`: decode and negotiate the client's handshake (`private_data`), prepare the
-/// queue pair (INIT, RTR), post receives, accept with our handshake, wait for `ESTABLISHED`,
-/// RTS.
+/// The passive side, for one connection `request` (on an event channel of its own): decode
+/// and negotiate the client's handshake, prepare the queue pair (INIT, RTR), post receives,
+/// accept with our handshake, wait for `ESTABLISHED`, RTS.
 ///
 /// Every failure before the accept is sent rejects the request with the reason; a failure
 /// after it (the client rejected our reply, vanished, or the transport gave up) ends here. The
@@ -267,57 +202,34 @@ pub(crate) const REJECT_REASON_MAX: usize = 140;
 /// everything: the id is destroyed (which rejects or disconnects the client) and the queue
 /// pair is flushed and destroyed with its protection domain and pool.
 pub(crate) async fn accept(
-    id: CmId,
-    events: AsyncChannel,
-    private_data: &[u8],
-    request: Option<PeerConnParam>,
+    request: RawRequest,
     opts: &ConnectOptions,
     choice: &EndpointChoice,
     span: tracing::Span,
 ) -> Result<Connection> {
+    let id = request.id();
     let local: Params = opts.params;
-    let remote = Params::decode(private_data).map_err(|e| reject(&id, e.into()))?;
-    let negotiated = handshake::negotiate(&local, &remote).map_err(|e| reject(&id, e.into()))?;
-    let Some(request) = request else {
+    let remote = Params::decode(request.private_data()).map_err(|e| reject(id, e.into()))?;
+    let negotiated = handshake::negotiate(&local, &remote).map_err(|e| reject(id, e.into()))?;
+    if request.conn_param().is_none() {
         return Err(reject(
-            &id,
+            id,
             Error::Handshake(handshake::HandshakeError::Missing),
         ));
-    };
-    let accept_data = local.encode().map_err(|e| reject(&id, e.into()))?;
-    if let Some(t) = opts.ack_timeout {
-        id.set_ack_timeout(t).map_err(|e| reject(&id, e))?;
     }
-    let prepared = prepare(&id, opts, choice).map_err(|e| reject(&id, e))?;
-    // `prepare` moved the queue pair to INIT; RTR with the parameters of the request.
-    id.modify_qp(prepared.qp.verbs(), QpState::Rtr)
-        .map_err(|e| reject(&id, e))?;
-    let qp = prepared.qp.verbs().clone();
-    let starting: Starting =
-        Connection::start(prepared, negotiated, opts).map_err(|e| reject(&id, e))?;
-    let param = ConnParam::new(&qp)
-        .answering(&request)
-        .private_data(&accept_data);
-    id.accept(&param).map_err(|e| reject(&id, e))?;
+    let accept_data = local.encode().map_err(|e| reject(id, e.into()))?;
+    let raw_opts = raw_options(opts, opts.handshake_timeout).map_err(|e| reject(id, e))?;
+    let endpoint = choice.endpoint_for(id, opts).map_err(|e| reject(id, e))?;
+    // On failure the request is rejected with the reason.
+    let accepting = request.prepare_on(&endpoint, raw_opts)?;
+    let id = accepting.request().id();
+    let pool = private_pool(accepting.pd(), &local).map_err(|e| reject(id, e))?;
+    let starting = Connection::start(accepting.qp(), accepting.pd(), pool, negotiated, opts)
+        .map_err(|e| reject(id, e))?;
     // From here on the client holds our reply: REJECTED (it refused our handshake or gave up),
     // UNREACHABLE (our reply was never answered) ... end the setup with the event's error;
-    // dropping the id then tears the rest down.
-    let ev = events.next().await?;
-    if ev.kind() == CmEventKind::Disconnected {
-        // The client established, sent, closed and disconnected before ESTABLISHED reached
-        // us. Our queue pair (in RTR) received what it sent: hand the connection over with the
-        // disconnect applied, so its messages (and its clean close) are still delivered.
-        tracing::debug!("the client disconnected before ESTABLISHED arrived");
-        let conn = Connection::established(starting, Arc::new(id), events, span);
-        conn.peer_disconnected();
-        return Ok(conn);
-    }
-    ev.expect(CmEventKind::Established)?;
-    id.modify_qp_rts_with_retries(&qp, opts.retry_count, RNR_RETRY)?;
-    Ok(Connection::established(
-        starting,
-        Arc::new(id),
-        events,
-        span,
-    ))
+    // dropping the id then tears the rest down. A client that established, sent, closed and
+    // disconnected before ESTABLISHED reached us is handed over with what it sent.
+    let raw = accepting.accept(&accept_data).await?;
+    Ok(Connection::established(starting, raw, span))
 }

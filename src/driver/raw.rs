@@ -45,6 +45,8 @@ enum RawState<B> {
     Invalid { buf: B, err: Error },
     /// Queued or posted. `flushed`: this future already asked for a post.
     InTable { wr_id: u64, buf: B, flushed: bool },
+    /// Resolved before anyone waited ([`RawOp::start`]): the outcome, for the next poll.
+    Ready((Result<OpInfo>, B)),
     /// Resolved.
     Done,
 }
@@ -56,6 +58,8 @@ pub(crate) struct RawOp<B: Send + 'static> {
     state: RawState<B>,
     waiter: Waiter,
     kind: WaitKind,
+    /// Post on the first poll even on a coalescing queue pair ([`start`](Self::start)).
+    eager: bool,
 }
 
 impl<B: Send + 'static> RawOp<B> {
@@ -73,6 +77,22 @@ impl<B: Send + 'static> RawOp<B> {
             state,
             waiter: Waiter::default(),
             kind,
+            eager: false,
+        }
+    }
+
+    /// Posts the request now, without waiting for its completion; the outcome (also an error
+    /// posting it) is reported when the future is polled. Does nothing if already posted.
+    pub(crate) fn start(&mut self) {
+        if matches!(self.state, RawState::Init { .. }) {
+            self.eager = true;
+            let waker = std::task::Waker::noop();
+            let mut cx = Context::from_waker(waker);
+            match self.poll_raw(&mut cx) {
+                Poll::Ready(out) => self.state = RawState::Ready(out),
+                // Nobody polls it until it is awaited: not a spinner meanwhile.
+                Poll::Pending => self.waiter.leave(&self.cfg.shared),
+            }
         }
     }
 
@@ -83,12 +103,14 @@ impl<B: Send + 'static> RawOp<B> {
             state,
             waiter,
             kind,
+            eager,
         } = self;
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
         let (wr_id, buf, flushed) = match std::mem::replace(state, RawState::Done) {
             RawState::Done => panic!("operation future polled after completion"),
             RawState::Invalid { buf, err } => return Poll::Ready((Err(err), buf)),
+            RawState::Ready(out) => return Poll::Ready(out),
             RawState::Init { buf, wr } => {
                 let mut st = shared.lock();
                 let wr_id = match st.core.submit_unparked(cfg.qp, wr) {
@@ -96,7 +118,7 @@ impl<B: Send + 'static> RawOp<B> {
                     Err(err) => return Poll::Ready((Err(err), buf)),
                 };
                 waiter.start();
-                if cfg.coalesce {
+                if cfg.coalesce && !*eager {
                     // Yield once so that siblings started in this wake queue up too; the next
                     // poll posts them all with one doorbell.
                     *state = RawState::InTable {

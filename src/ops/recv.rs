@@ -40,6 +40,25 @@ impl<B: SgTarget> Recv<B> {
             raw: RawOp::new(cfg, buf, wr),
         }
     }
+
+    /// Posts the receive now, without waiting for a message: call it before the send (or the
+    /// connection step) that lets the peer send, then await the future for the message. An
+    /// error posting it is reported when the future is awaited. Calling it again, or after the
+    /// first poll, does nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(qp: &tokio_rdma::driver::AsyncQp, buf: tokio_rdma::verbs::RegisteredBuffer) {
+    /// let mut reply = qp.recv(buf);
+    /// reply.start(); // posted: the peer may answer from now on
+    /// // ... send the request ...
+    /// let (res, buf) = reply.await;
+    /// # }
+    /// ```
+    pub fn start(&mut self) {
+        self.raw.start();
+    }
 }
 
 impl<B: SgTarget> Future for Recv<B> {
