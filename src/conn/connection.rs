@@ -18,10 +18,10 @@ use super::setup;
 use super::shared::ConnShared;
 use super::stream::RdmaStream;
 use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess};
+use crate::driver::AsyncQp;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::proto::conn::{ConnConfig, ConnCounters, ConnProto};
-use crate::driver::AsyncQp;
 use crate::verbs::ProtectionDomain;
 
 /// An established RDMA connection.
