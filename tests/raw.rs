@@ -73,7 +73,9 @@ async fn private_data_both_ways_and_first_messages_find_posted_receives() {
     let listener = ep.listen_raw(addr(7401), 4).expect("listen_raw");
     assert_eq!(listener.local_addr(), Some(addr(7401)));
     let server = async {
-        let req = within(30, "request", listener.next()).await.expect("request");
+        let req = within(30, "request", listener.next())
+            .await
+            .expect("request");
         assert_eq!(trimmed(req.private_data()), b"hello from the client");
         assert!(req.conn_param().is_some());
         let accepting = req.prepare(opts()).expect("prepare");
@@ -154,7 +156,9 @@ async fn rejections_carry_their_reason_and_leave_nothing() {
     for (what, answer) in cases {
         let client = ep.connect_raw(addr(7402), opts(), b"let me in");
         let server = async {
-            let req = within(30, "request", listener.next()).await.expect("request");
+            let req = within(30, "request", listener.next())
+                .await
+                .expect("request");
             answer(req);
         };
         let (res, ()) = tokio::join!(within(30, what, client), server);
@@ -214,7 +218,11 @@ async fn a_raw_client_meets_the_message_listener_and_a_message_client_a_raw_list
     };
     let (res, ()) = tokio::join!(within(30, "message client", client), server);
     let err = res.expect_err("rejected");
-    assert_eq!(rejected_with(&err).as_deref(), Some(&b"raw only"[..]), "{err:?}");
+    assert_eq!(
+        rejected_with(&err).as_deref(),
+        Some(&b"raw only"[..]),
+        "{err:?}"
+    );
     drop(raw);
     back_to(&base, "both mismatched pairs").await;
 }

@@ -18,10 +18,10 @@ use super::setup;
 use super::shared::ConnShared;
 use super::stream::RdmaStream;
 use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess};
+use crate::driver::AsyncQp;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::proto::conn::{ConnConfig, ConnCounters, ConnProto};
-use crate::driver::AsyncQp;
 use crate::verbs::ProtectionDomain;
 
 /// An established RDMA connection.
@@ -63,7 +63,7 @@ pub struct Connection {
     span: tracing::Span,
     /// What this side offered in the handshake (one-sided access, atomics).
     pub(super) offered: Flags,
-    user_pool: OnceLock<Pool>,
+    pub(super) user_pool: OnceLock<Pool>,
     user_pool_config: PoolConfig,
 }
 
