@@ -239,7 +239,17 @@ pub enum Error {
     /// work completion, [`QpFailure::WorkCompletion`] with its status).
     ///
     /// What to do: the queue pair (connection) is finished; open a new one. The
-    /// [`QpFailure`] says whose fault it was.
+    /// [`QpFailure`] says whose fault it was (faults and timings: `docs/faults.md`):
+    /// * `WorkCompletion` `IBV_WC_REM_ACCESS_ERR`: the peer's memory refused the access: a
+    ///   revoked grant, a range outside it, or a token not made with `Connection::grant` on
+    ///   this very connection (each connection has its own protection domain);
+    ///   `IBV_WC_LOC_PROT_ERR`: a local buffer registered in another protection domain;
+    ///   `IBV_WC_RETRY_EXC_ERR`: the peer or the path is gone (the transport gave up);
+    ///   `IBV_WC_WR_FLUSH_ERR`: an earlier failure flushed this one.
+    /// * `Disconnected`: the peer closed or its process died; `Closed`: this side closed.
+    /// * `KeepaliveTimeout`: the peer or the path died silently.
+    /// * `Protocol`: the peer is broken or hostile; `PeerReported`: the peer says this side
+    ///   broke the protocol (a bug to report).
     #[error("queue pair failed: {0}")]
     QpFailed(QpFailure),
     /// Waiting for an RDMA CM event's descriptor failed.
@@ -258,7 +268,10 @@ pub enum Error {
         /// The time limit.
         after: std::time::Duration,
     },
-    /// An argument was rejected before any verb was called.
+    /// An argument was rejected before any verb was called. One-sided operations and grants
+    /// check locally what would otherwise fail on the device and kill the connection (access
+    /// the peer did not offer, a range outside the token, a local buffer not from the
+    /// connection's pool): after this error the connection is still usable.
     ///
     /// What to do: fix the argument the message names.
     #[error("invalid argument: {0}")]
@@ -516,7 +529,8 @@ pub enum Error {
     /// The connection handshake (private data) was malformed or incompatible.
     ///
     /// What to do: both sides must run compatible tokio-rdma versions with compatible
-    /// options; a foreign peer needs the raw CM layer ([`crate::verbs::CmId`]).
+    /// options; a foreign peer (a C program) needs raw connections
+    /// ([`RawConnector`](crate::conn::RawConnector), `docs/interop.md`).
     #[error("handshake: {0}")]
     Handshake(#[from] crate::conn::handshake::HandshakeError),
 }

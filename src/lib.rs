@@ -23,17 +23,39 @@
 //! # }
 //! ```
 //!
-//! The layers, each using only the one below:
+//! New to the crate? `docs/guide.md` in the repository walks through the first hour in six
+//! runnable, tested steps (`examples/guide_1_endpoint.rs` .. `examples/guide_6_shutdown.rs`):
+//! an endpoint, accept and connect, messages, grants read and written with RDMA READ and
+//! WRITE, atomics, and shutdown.
 //!
-//! * [`verbs`]: safe RAII wrappers over the verbs and RDMA CM objects; the only FFI user.
-//! * `proto` (sans-IO, no unsafe; private): the in-flight operation table, queue accounting, and the
-//!   connection protocol state machine.
+//! # What is where
+//!
+//! * [`Endpoint`] and [`EndpointOptions`]: a device opened for connections (its context, one
+//!   completion queue and the driver behind it, the completion mode); connections and
+//!   listeners are made through it.
+//! * [`conn`]: RDMA CM connections. [`Listener`](conn::Listener) and
+//!   [`Connection`](conn::Connection) speak the crate's protocol: a handshake, messages under
+//!   credit flow control, one-sided I/O and atomics against memory the peer granted with
+//!   [`Connection::grant`](conn::Connection::grant) (a protection domain per connection), a
+//!   byte stream, graceful close. Raw connections ([`RawConnector`](conn::RawConnector),
+//!   [`RawListener`](conn::RawListener), [`RawConnection`](conn::RawConnection), ...) give an
+//!   [`AsyncQp`](driver::AsyncQp) with no framing of the crate's own, to talk to C peers
+//!   (`docs/interop.md`).
+//! * [`buf`]: the buffer ownership traits ([`IoBuf`](buf::IoBuf),
+//!   [`IoBufMut`](buf::IoBufMut)), registered buffer pools, the registration cache, remote
+//!   grants and their [`RemoteToken`](buf::RemoteToken)s.
 //! * [`driver`]: the operation engine (futures that post, then poll their completion queue in
 //!   place and spin or sleep as the [`CompletionMode`](driver::CompletionMode) says), the
-//!   completion task for what nobody polls, and [`AsyncQp`](driver::AsyncQp); [`ops`] holds
-//!   the typed operation futures.
-//! * [`buf`]: registered buffer pools, the registration cache, remote grants and tokens.
-//! * [`conn`] and [`Endpoint`]: RDMA CM connections, listeners and messages.
+//!   completion task for what nobody polls, and [`AsyncQp`](driver::AsyncQp), an RC queue pair
+//!   whose operations are futures; [`ops`] holds the typed operation futures.
+//! * [`verbs`]: safe RAII wrappers over the verbs and RDMA CM objects; the only FFI user.
+//! * [`Error`], [`Result`]: one error type; each variant's documentation says what to do about
+//!   it, and its message names the failing call and, for common causes, the remedy.
+//!
+//! Underneath, a private sans-IO core (`proto`: the in-flight operation table, queue
+//! accounting, and the connection protocol state machine) holds every decision the Tokio shell
+//! carries out. Each layer uses only the ones below it: `verbs`; `proto` and `buf` on it;
+//! `driver` on `proto`; `ops` on `driver` and `buf`; `conn` and `Endpoint` on top.
 //!
 //! Device tests run on soft-RoCE (`rdma_rxe`) in a QEMU VM: see `docs/testing.md`.
 

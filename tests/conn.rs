@@ -299,6 +299,28 @@ async fn one_sided_io_with_an_exchanged_grant() {
     assert_eq!(&conn.recv().await.unwrap().unwrap()[..], b"ok");
     // Outside the grant: rejected before posting (the token cannot be widened).
     assert!(token.slice(60_000..70_000).is_err());
+    // Local memory registered in a protection domain of one's own: refused before posting
+    // (the device would fail it with a local protection error and kill the connection).
+    let ctx = tokio_rdma::verbs::Context::open("rxe0").unwrap();
+    let pd = tokio_rdma::verbs::ProtectionDomain::new(&ctx).unwrap();
+    let foreign = tokio_rdma::buf::Pool::with_pd(&pd, Default::default()).unwrap();
+    let remote = token.slice(0..4096).unwrap();
+    let (res, _) = conn
+        .read(foreign.acquire(4096).await.unwrap(), remote)
+        .await;
+    let err = res.expect_err("a read into another protection domain's memory");
+    println!("foreign local buffer: {err}");
+    assert!(
+        matches!(err, tokio_rdma::Error::InvalidArgument(_))
+            && err.to_string().contains("conn.pool()"),
+        "{err}"
+    );
+    let (res, _) = conn.write(foreign.acquire(64).await.unwrap(), remote).await;
+    assert!(matches!(res, Err(tokio_rdma::Error::InvalidArgument(_))));
+    // The connection lives on.
+    let local = conn.pool().unwrap().acquire(4096).await.unwrap();
+    let (res, _) = conn.read(local, remote).await;
+    res.expect("a read with the connection's own pool after the refusals");
     conn.close().await.unwrap();
     within(60, "server", server).await.unwrap();
 }

@@ -164,6 +164,14 @@ enum Key {
 
 /// Remote access to `range` of a buffer, revoked on drop. Design notes: `docs/memory.md`.
 ///
+/// **The token works only through queue pairs of the grant's protection domain.** For a peer
+/// on a [`Connection`](crate::conn::Connection), grant with
+/// [`Connection::grant`](crate::conn::Connection::grant): each connection has its own
+/// protection domain, so a grant made here on a `ProtectionDomain` of your own (or on another
+/// connection) gives a token the peer can never use; its access fails with
+/// `IBV_WC_REM_ACCESS_ERR` and kills its connection, and nothing on this side can notice. Use
+/// `Grant` directly with queue pairs you made yourself, in the same domain.
+///
 /// # Examples
 ///
 /// ```no_run

@@ -8,7 +8,7 @@
 
 mod cache;
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 mod grant;
 mod pool;
 mod registrar;

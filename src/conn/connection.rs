@@ -249,6 +249,24 @@ impl Connection {
     /// uses a separate, private budget: holding every buffer of this pool never stalls
     /// [`send`](Self::send) or [`recv`](Self::recv).
     ///
+    /// The local buffers of [`read`](Self::read), [`write`](Self::write) and the atomics must
+    /// come from here: any other memory (another connection's pool, a pool on a protection
+    /// domain of your own) is refused with [`Error::InvalidArgument`] before posting.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(
+    /// #     conn: tokio_rdma::conn::Connection,
+    /// #     token: tokio_rdma::buf::RemoteToken,
+    /// # ) -> tokio_rdma::Result<()> {
+    /// let buf = conn.pool()?.acquire(4096).await?;
+    /// let (res, buf) = conn.read(buf, token.slice(0..4096)?).await;
+    /// res?;
+    /// println!("first byte {}", buf[0]);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// Registration errors from creating the pool ([`Error::MemlockExhausted`], ...).
@@ -264,7 +282,29 @@ impl Connection {
     /// registration lives in this connection's protection domain, so the token is useless on
     /// any other connection (whatever rkey is presented there). Send the token to the peer
     /// ([`RemoteToken::to_bytes`](crate::buf::RemoteToken::to_bytes)); dropping the grant revokes
-    /// it.
+    /// it. `buf` may be any [`IoBufMut`] (a `Vec<u8>`, a pool buffer); the grant owns it.
+    ///
+    /// **This is the only way to make a token for this connection's peer.** A
+    /// [`Grant`] made with [`Grant::region`] or [`Grant::new`] on a
+    /// [`ProtectionDomain`](crate::verbs::ProtectionDomain) you opened yourself, a
+    /// `RegisteredBuffer`'s key, or a grant of another connection gives a token that never
+    /// works here: the peer's access fails with `IBV_WC_REM_ACCESS_ERR` and the device closes
+    /// the connection, and this side cannot detect the mistake. A service with several clients
+    /// grants once per connection.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tokio_rdma::buf::RemoteAccess;
+    /// # async fn demo(conn: tokio_rdma::conn::Connection) -> tokio_rdma::Result<()> {
+    /// let table = vec![7u8; 4096];
+    /// let grant = conn.grant(table, 0..4096, RemoteAccess::READ)?;
+    /// conn.send(&grant.token().to_bytes()).await?; // the peer: RemoteToken::from_bytes
+    /// // ... the peer reads with `conn.read(buf, token)` ...
+    /// let _msg = conn.recv().await?; // e.g. "done"
+    /// drop(grant); // revoked: the token stops working, then the Vec is freed
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
