@@ -119,6 +119,9 @@ pub struct TestConfig {
     /// `verbs`: the same loop on the crate's verbs layer, without the async driver (a
     /// baseline that separates the driver's cost from the bindings' and the device's).
     pub verbs: bool,
+    /// msg tests: send from the connection's registered pool (`Connection::send_bytes`, no
+    /// copy) instead of a plain slice (copied into staging buffers).
+    pub zero_copy: bool,
 }
 
 impl TestConfig {
@@ -126,7 +129,7 @@ impl TestConfig {
     pub fn encode(&self) -> String {
         let sizes: Vec<String> = self.sizes.iter().map(|s| s.to_string()).collect();
         format!(
-            "test={} sizes={} iters={} warmup={} depth={} rx_depth={} qps={} mode={} inline={} signal_every={} coalesce={} engine={}",
+            "test={} sizes={} iters={} warmup={} depth={} rx_depth={} qps={} mode={} inline={} signal_every={} coalesce={} engine={} zero_copy={}",
             self.test.name(),
             sizes.join(","),
             self.iters,
@@ -139,6 +142,7 @@ impl TestConfig {
             self.signal_every,
             u8::from(self.coalesce),
             if self.verbs { "verbs" } else { "async" },
+            u8::from(self.zero_copy),
         )
     }
 
@@ -156,6 +160,7 @@ impl TestConfig {
             signal_every: 1,
             coalesce: false,
             verbs: false,
+            zero_copy: false,
         };
         for kv in line.split_whitespace() {
             let (k, v) = kv.split_once('=').ok_or(format!("bad field {kv}"))?;
@@ -175,6 +180,7 @@ impl TestConfig {
                 "signal_every" => c.signal_every = num(v)? as u32,
                 "coalesce" => c.coalesce = v == "1",
                 "engine" => c.verbs = v == "verbs",
+                "zero_copy" => c.zero_copy = v == "1",
                 _ => return Err(format!("unknown field {k}")),
             }
         }
@@ -357,6 +363,10 @@ struct Cli {
     /// Same as --inline 0
     #[arg(long, help_heading = "Client options")]
     no_inline: bool,
+    /// msg tests: send from the connection's registered pool without copying
+    /// (Connection::send_bytes; the msg_lat server echoes the received buffer back the same way)
+    #[arg(long, help_heading = "Client options")]
+    zero_copy: bool,
     /// QpOptions::signal_every (the driver's default)
     #[arg(
         long,
@@ -519,7 +529,11 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
                 signal_every: cli.signal_every.max(1),
                 coalesce: cli.coalesce.unwrap_or(!test.is_lat()),
                 verbs,
+                zero_copy: cli.zero_copy,
             };
+            if cfg.zero_copy && !test.is_msg() {
+                return bad("--zero-copy applies to the msg_* tests");
+            }
             if verbs && (!test.is_lat() || test.is_msg()) {
                 return bad("--engine verbs exists for the queue-pair latency tests only");
             }

@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use tokio_rdma::buf::{PoolConfig, SizeClass};
 use tokio_rdma::conn::{ConnectOptions, Connection};
 use tokio_rdma::verbs::{PortState, ProtectionDomain};
 use tokio_rdma::{Endpoint, EndpointOptions};
@@ -21,7 +23,42 @@ fn conn_options(cfg: &TestConfig) -> ConnectOptions {
     if cfg.test == Test::MsgRate {
         opts = opts.recv_credits(cfg.depth.max(2) as u32);
     }
+    let max = cfg.max_size() as u64;
+    if max > opts.params.max_message_size {
+        opts = opts.max_message_size(max).recv_budget(2 * max);
+    }
+    if cfg.zero_copy {
+        // One registered buffer per size, reused for every send (its bytes never change).
+        opts = opts.user_pool(
+            PoolConfig::default().classes([SizeClass::new(cfg.max_size(), cfg.sizes.len())]),
+        );
+    }
     opts
+}
+
+/// What the client sends: a plain slice (copied) or bytes of the connection's pool.
+enum Payload {
+    Copied(Vec<u8>),
+    Registered(Bytes),
+}
+
+impl Payload {
+    async fn new(conn: &Connection, cfg: &TestConfig, size: usize) -> Res<Payload> {
+        if !cfg.zero_copy {
+            return Ok(Payload::Copied(vec![0x5au8; size]));
+        }
+        let mut b = conn.pool()?.acquire(size).await?;
+        b.set_len(size);
+        b.fill(0x5a);
+        Ok(Payload::Registered(b.freeze()))
+    }
+
+    async fn send(&self, conn: &Connection) -> tokio_rdma::Result<()> {
+        match self {
+            Payload::Copied(v) => conn.send(v).await,
+            Payload::Registered(b) => conn.send_bytes(b.clone()).await,
+        }
+    }
 }
 
 /// Opens the endpoint (in `cfg.mode`) and connects: the server (`client == None`) listens and
@@ -110,13 +147,13 @@ pub async fn client(
     mark: &mut impl FnMut(usize),
 ) -> Res<u64> {
     let conn = conn(side);
-    let msg = vec![0x5au8; size];
+    let msg = Payload::new(conn, cfg, size).await?;
     match cfg.test {
         Test::MsgLat => {
             for k in 0..cfg.warmup + cfg.iters {
                 mark(k);
                 let t = Instant::now();
-                conn.send(&msg).await?;
+                msg.send(conn).await?;
                 let pong = conn.recv().await?.ok_or("the server closed early")?;
                 let rtt = t.elapsed();
                 if pong.len() != size {
@@ -143,10 +180,10 @@ pub async fn client(
 
 /// Sends `n` messages back to back (each send waits only for a credit), then waits for the
 /// receiver's 1-byte acknowledgement of the last.
-async fn stream(conn: &Connection, msg: &[u8], n: usize, samples: &mut Vec<f64>) -> Res<()> {
+async fn stream(conn: &Connection, msg: &Payload, n: usize, samples: &mut Vec<f64>) -> Res<()> {
     for _ in 0..n {
         let t = Instant::now();
-        conn.send(msg).await?;
+        msg.send(conn).await?;
         samples.push(us(t.elapsed()));
     }
     let ack = conn.recv().await?.ok_or("the server closed early")?;
@@ -170,7 +207,12 @@ pub async fn server(side: &Side, cfg: &TestConfig, size: usize) -> Res<()> {
         Test::MsgLat => {
             for _ in 0..cfg.warmup + cfg.iters {
                 let m = next().await?;
-                conn.send(&m[..]).await?;
+                if cfg.zero_copy {
+                    // A single-chunk message goes back from its receive buffer.
+                    conn.send_bytes(m.into_bytes()).await?;
+                } else {
+                    conn.send(&m[..]).await?;
+                }
             }
         }
         _ => {

@@ -355,14 +355,8 @@ impl Pool {
     /// its registration there: an entry made from one of this pool's buffers (or a slice of
     /// one). Used to refuse memory registered in another protection domain before posting.
     pub(crate) fn covers(&self, sge: &crate::verbs::Sge) -> bool {
-        let (addr, end) = (
-            sge.addr(),
-            sge.addr().saturating_add(u64::from(sge.length())),
-        );
-        self.inner.classes.iter().any(|c| {
-            let start = c.mem.as_ptr() as u64;
-            c.reg.lkey() == sge.lkey() && addr >= start && end <= start + c.mem.len() as u64
-        })
+        usize::try_from(sge.addr())
+            .is_ok_and(|addr| self.lkey_of(addr, sge.length() as usize) == Some(sge.lkey()))
     }
 
     fn make(&self, class: usize, slot: u32, len: usize) -> PoolBuf {
