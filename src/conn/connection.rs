@@ -408,15 +408,7 @@ impl Connection {
         // buffer is back (bounded by its drain limit).
         let _ = self.shared.qp.close().instrument(self.span.clone()).await;
         let io = &self.shared.io;
-        loop {
-            let done = io.done.notified();
-            tokio::pin!(done);
-            done.as_mut().enable();
-            if io.torn_down.load(std::sync::atomic::Ordering::Acquire) {
-                break;
-            }
-            done.await;
-        }
+        crate::driver::wait_until(&io.done, || io.torn_down.load(Ordering::Acquire)).await;
         match res {
             Err(Error::QpFailed(crate::QpFailure::Disconnected | crate::QpFailure::Closed)) => {
                 Ok(())

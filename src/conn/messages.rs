@@ -232,21 +232,20 @@ impl<'a> Progress<'a> {
         std::future::poll_fn(|cx| {
             let conn = &self.conn.shared;
             let io = &conn.io;
-            let mut look = |seen: &mut Option<u64>, cx: &mut Context<'_>| {
-                io.with(|s| {
-                    *seen = Some(io.changes());
-                    f(s, cx)
-                })
-            };
-            if seen != Some(io.changes()) {
-                if let Poll::Ready(v) = look(&mut seen, cx) {
-                    self.waiter.done(conn.qp.shared(), WaitKind::Recv);
-                    return Poll::Ready(v);
+            // Looks at the state unless it is unchanged since the last look; then polls the
+            // completion queue (which may change it) and looks once more.
+            for poll_cq in [false, true] {
+                if poll_cq {
+                    conn.qp.poll_completions();
                 }
-            }
-            conn.qp.poll_completions();
-            if seen != Some(io.changes()) {
-                if let Poll::Ready(v) = look(&mut seen, cx) {
+                if seen == Some(io.changes()) {
+                    continue;
+                }
+                let looked = io.with(|s| {
+                    seen = Some(io.changes());
+                    f(s, cx)
+                });
+                if let Poll::Ready(v) = looked {
                     self.waiter.done(conn.qp.shared(), WaitKind::Recv);
                     return Poll::Ready(v);
                 }

@@ -37,7 +37,7 @@ use tracing::debug;
 pub use qp::AsyncQp;
 pub(crate) use raw::{OpConfig, RawOp};
 pub(crate) use shared::{Deferred, Shared, Sink};
-pub(crate) use wait::{WaitKind, Waiter};
+pub(crate) use wait::{WaitKind, Waiter, wait_until};
 
 use crate::error::{Error, Result};
 use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, QpCaps};

@@ -172,16 +172,16 @@ impl AsyncQp {
     pub async fn close(&self) -> Result<()> {
         let _g = self.span.enter();
         self.force_error(QpFailure::Closed);
-        loop {
-            let drained = self.shared().drained.notified();
-            tokio::pin!(drained);
-            drained.as_mut().enable();
-            if self.shared().lock().core.posted(self.key) == 0 {
-                break;
+        let shared = self.shared();
+        super::wait_until(&shared.drained, || {
+            let drained = shared.lock().core.posted(self.key) == 0;
+            if !drained {
+                // The completion task applies the flushes if nobody else polls.
+                shared.notify.notify_one();
             }
-            self.shared().notify.notify_one();
-            drained.await;
-        }
+            drained
+        })
+        .await;
         debug!("queue pair drained");
         Ok(())
     }

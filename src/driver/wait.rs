@@ -133,6 +133,20 @@ impl Waiter {
     }
 }
 
+/// Waits until `done()` holds, woken by `notify`: the notification is registered before each
+/// check, so one sent between the check and the wait is not lost.
+pub(crate) async fn wait_until(notify: &tokio::sync::Notify, mut done: impl FnMut() -> bool) {
+    loop {
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if done() {
+            return;
+        }
+        notified.await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
