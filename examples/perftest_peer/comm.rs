@@ -133,26 +133,53 @@ impl Comm {
     /// receive before connecting; so do we).
     pub(crate) async fn connect(ep: &Endpoint, addr: SocketAddr, step: Duration) -> Res<Comm> {
         let c = ep.raw_connector(addr, options(step)).await?;
-        let recv = post(c.qp(), RegisteredBuffer::new(c.pd(), RECV_ROOM, AccessFlags::LOCAL_WRITE)?);
+        let recv = post(
+            c.qp(),
+            RegisteredBuffer::new(c.pd(), RECV_ROOM, AccessFlags::LOCAL_WRITE)?,
+        );
         let tx = RegisteredBuffer::new(c.pd(), DEST_LEN, AccessFlags::LOCAL_WRITE)?;
-        let conn = within(step, "the side channel's accept", c.connect(&[])).await??.establish()?;
-        Ok(Comm { conn, client: true, tx: Some(tx), recv: Some(recv), step, count: 0 })
+        let conn = within(step, "the side channel's accept", c.connect(&[]))
+            .await??
+            .establish()?;
+        Ok(Comm {
+            conn,
+            client: true,
+            tx: Some(tx),
+            recv: Some(recv),
+            step,
+            count: 0,
+        })
     }
 
     /// Accepts the side channel: the first request on `listener`.
     pub(crate) async fn accept(listener: &RawListener, step: Duration) -> Res<Comm> {
         let req = within(step, "perftest's side-channel connection", listener.next()).await??;
         let a = req.prepare(options(step))?;
-        let recv = post(a.qp(), RegisteredBuffer::new(a.pd(), RECV_ROOM, AccessFlags::LOCAL_WRITE)?);
+        let recv = post(
+            a.qp(),
+            RegisteredBuffer::new(a.pd(), RECV_ROOM, AccessFlags::LOCAL_WRITE)?,
+        );
         let tx = RegisteredBuffer::new(a.pd(), DEST_LEN, AccessFlags::LOCAL_WRITE)?;
         let conn = a.accept(&[]).await?;
-        Ok(Comm { conn, client: false, tx: Some(tx), recv: Some(recv), step, count: 0 })
+        Ok(Comm {
+            conn,
+            client: false,
+            tx: Some(tx),
+            recv: Some(recv),
+            step,
+            count: 0,
+        })
     }
 
     async fn send(&mut self, data: &[u8], what: &str) -> Res<()> {
         let tx = self.tx.take().expect("send buffer");
         tx.write_at(0, data);
-        let (res, tx) = within(self.step, what, self.conn.qp().send(tx.slice(0..data.len()))).await?;
+        let (res, tx) = within(
+            self.step,
+            what,
+            self.conn.qp().send(tx.slice(0..data.len())),
+        )
+        .await?;
         self.tx = Some(tx.into_inner());
         res.map_err(|e| format!("side channel: sending {what}: {e}"))?;
         Ok(())
@@ -177,7 +204,11 @@ impl Comm {
             return Err(format!(
                 "side channel: {what} is {} bytes{}; perftest sends {len}",
                 info.len,
-                if info.imm.is_some() { " with immediate data" } else { "" }
+                if info.imm.is_some() {
+                    " with immediate data"
+                } else {
+                    ""
+                }
             )
             .into());
         }
@@ -202,7 +233,11 @@ impl Comm {
     }
 
     /// `ctx_hand_shake`: our `pingpong_dest` for the peer's.
-    pub(crate) async fn hand_shake(&mut self, mine: &Dest, what: &str) -> Res<([u8; DEST_LEN], Dest)> {
+    pub(crate) async fn hand_shake(
+        &mut self,
+        mine: &Dest,
+        what: &str,
+    ) -> Res<([u8; DEST_LEN], Dest)> {
         let raw = self.exchange(&mine.encode(), what).await?;
         let raw: [u8; DEST_LEN] = raw.try_into().expect("checked length");
         Ok((raw, Dest::decode(&raw)))
@@ -222,18 +257,42 @@ impl Comm {
             )
             .into());
         }
-        let cycle = be_u32(&self.exchange(&CYCLE_BUFFER.to_be_bytes(), "the page size").await?);
-        let line = be_u32(&self.exchange(&CACHE_LINE.to_be_bytes(), "the cache line size").await?);
+        let cycle = be_u32(
+            &self
+                .exchange(&CYCLE_BUFFER.to_be_bytes(), "the page size")
+                .await?,
+        );
+        let line = be_u32(
+            &self
+                .exchange(&CACHE_LINE.to_be_bytes(), "the cache line size")
+                .await?,
+        );
         if !cycle.is_power_of_two() || !line.is_power_of_two() {
-            return Err(format!("perftest's page size {cycle} / cache line {line}: not powers of two").into());
+            return Err(format!(
+                "perftest's page size {cycle} / cache line {line}: not powers of two"
+            )
+            .into());
         }
-        let digit = u8::try_from(mtu).ok().filter(|m| (1..=5).contains(m)).ok_or("our MTU is not 1..=5")?;
+        let digit = u8::try_from(mtu)
+            .ok()
+            .filter(|m| (1..=5).contains(m))
+            .ok_or("our MTU is not 1..=5")?;
         let theirs = self.exchange(&[b'0' + digit, 0], "the MTU").await?;
         let peer_mtu = match theirs[..] {
             [d @ b'1'..=b'5', 0] => u32::from(d - b'0'),
-            _ => return Err(format!("perftest's MTU field {theirs:?} is not a digit 1..5 and a NUL").into()),
+            _ => {
+                return Err(format!(
+                    "perftest's MTU field {theirs:?} is not a digit 1..5 and a NUL"
+                )
+                .into());
+            }
         };
-        Ok(PeerInfo { version, cycle_buffer: cycle, cache_line: line, mtu: peer_mtu })
+        Ok(PeerInfo {
+            version,
+            cycle_buffer: cycle,
+            cache_line: line,
+            mtu: peer_mtu,
+        })
     }
 
     /// Closes the side channel (perftest never disconnects it: its process exit does).
@@ -282,7 +341,17 @@ mod tests {
 
     #[test]
     fn dest_round_trips_big_endian() {
-        let d = Dest { lid: 1, out_reads: 2, qpn: 0x11, psn: 0xabcdef, rkey: 0x1234, vaddr: 0x7f00_0000_1000, gid: [7; 16], srqn: 0, gid_index: 1 };
+        let d = Dest {
+            lid: 1,
+            out_reads: 2,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            rkey: 0x1234,
+            vaddr: 0x7f00_0000_1000,
+            gid: [7; 16],
+            srqn: 0,
+            gid_index: 1,
+        };
         let b = d.encode();
         assert_eq!(&b[8..12], &[0, 0, 0, 0x11]);
         assert_eq!(&b[24..32], &[0, 0, 0x7f, 0, 0, 0, 0x10, 0]);

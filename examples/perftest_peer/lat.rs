@@ -33,8 +33,16 @@ pub(crate) enum AtomicOp {
 }
 
 /// The memory the peer targets (WRITE, READ, atomic): registered with its remote right.
-pub(crate) fn target(conn: &RawConnection, len: usize, access: AccessFlags) -> Res<RegisteredBuffer> {
-    Ok(RegisteredBuffer::new(conn.pd(), len, AccessFlags::LOCAL_WRITE | access)?)
+pub(crate) fn target(
+    conn: &RawConnection,
+    len: usize,
+    access: AccessFlags,
+) -> Res<RegisteredBuffer> {
+    Ok(RegisteredBuffer::new(
+        conn.pd(),
+        len,
+        AccessFlags::LOCAL_WRITE | access,
+    )?)
 }
 
 /// Prepares the WRITE target: `size + WRITE_GUARD` bytes of the sentinel.
@@ -63,7 +71,12 @@ pub(crate) async fn send_lat(
     let mut next = 0usize; // which posted receive the next message lands in (FIFO)
     let mut received = 0u64;
     if !client {
-        let (r, rbuf) = within(step, "perftest's first send_lat message", recvs[next].as_mut()).await?;
+        let (r, rbuf) = within(
+            step,
+            "perftest's first send_lat message",
+            recvs[next].as_mut(),
+        )
+        .await?;
         check_message(r, &rbuf, size, received, &mut first)?;
         received += 1;
         recvs[next] = repost(conn, rbuf);
@@ -116,7 +129,11 @@ fn check_message(
         return Err(format!(
             "message {k} is {} bytes{}; -s says {size}",
             info.len,
-            if info.imm.is_some() { " with immediate data" } else { "" }
+            if info.imm.is_some() {
+                " with immediate data"
+            } else {
+                ""
+            }
         )
         .into());
     }
@@ -177,10 +194,19 @@ pub(crate) async fn write_lat(
     // The whole target: zeros, the last counter, the guard untouched.
     let got = target.to_vec();
     if let Some(at) = got[..size - 1].iter().position(|&b| b != 0) {
-        return Err(format!("byte {at} of the peer's writes is {:#04x}; perftest writes zeros before its counter", got[at]).into());
+        return Err(format!(
+            "byte {at} of the peer's writes is {:#04x}; perftest writes zeros before its counter",
+            got[at]
+        )
+        .into());
     }
     if got[size - 1] != iters as u8 {
-        return Err(format!("the last counter is {}, want {}", got[size - 1], iters as u8).into());
+        return Err(format!(
+            "the last counter is {}, want {}",
+            got[size - 1],
+            iters as u8
+        )
+        .into());
     }
     check_guard(&got, size)?;
     Ok(h)
@@ -243,7 +269,11 @@ pub(crate) async fn read_lat(
     step: Duration,
 ) -> Res<Histogram<u64>> {
     let mut h = histogram();
-    let mut buf = Some(RegisteredBuffer::new(conn.pd(), size, AccessFlags::LOCAL_WRITE)?);
+    let mut buf = Some(RegisteredBuffer::new(
+        conn.pd(),
+        size,
+        AccessFlags::LOCAL_WRITE,
+    )?);
     let mut first: Option<Vec<u8>> = None;
     for k in 0..iters {
         let b = buf.take().expect("read buffer");
@@ -275,15 +305,28 @@ pub(crate) async fn atomic_lat(
     step: Duration,
 ) -> Res<(Histogram<u64>, u64, u64)> {
     let mut h = histogram();
-    let mut buf = Some(RegisteredBuffer::new(conn.pd(), 8, AccessFlags::LOCAL_WRITE)?);
+    let mut buf = Some(RegisteredBuffer::new(
+        conn.pd(),
+        8,
+        AccessFlags::LOCAL_WRITE,
+    )?);
     let mut first = None;
     let mut last = 0;
     for k in 0..iters {
         let b = buf.take().expect("atomic buffer");
         let t0 = Instant::now();
         let (res, b) = match op {
-            AtomicOp::FetchAndAdd => within(step, "a fetch-and-add", conn.qp().fetch_add(b, peer, ADD)).await?,
-            AtomicOp::CmpAndSwap => within(step, "a compare-and-swap", conn.qp().compare_swap(b, peer, 0, 0)).await?,
+            AtomicOp::FetchAndAdd => {
+                within(step, "a fetch-and-add", conn.qp().fetch_add(b, peer, ADD)).await?
+            }
+            AtomicOp::CmpAndSwap => {
+                within(
+                    step,
+                    "a compare-and-swap",
+                    conn.qp().compare_swap(b, peer, 0, 0),
+                )
+                .await?
+            }
         };
         record(&mut h, t0.elapsed());
         let v = res.map_err(|e| format!("atomic {k}: {e}"))?;
@@ -293,7 +336,10 @@ pub(crate) async fn atomic_lat(
             AtomicOp::CmpAndSwap => f,
         };
         if v != want {
-            return Err(format!("atomic {k} returned {v:#x}, want {want:#x} ({op:?} on memory only we change)").into());
+            return Err(format!(
+                "atomic {k} returned {v:#x}, want {want:#x} ({op:?} on memory only we change)"
+            )
+            .into());
         }
         last = v;
         buf = Some(b);

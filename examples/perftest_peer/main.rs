@@ -29,9 +29,9 @@
 //! for a server, what the peer's READs / atomics left in our memory. Any deviation: exit 1.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod comm;
 #[path = "../common/mod.rs"]
 mod common;
-mod comm;
 mod lat;
 
 use std::net::{IpAddr, SocketAddr};
@@ -86,7 +86,12 @@ struct Args {
     #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..=1_000_000))]
     iters: u64,
     /// atomic_lat's operation
-    #[arg(short = 'A', long = "atomic_type", value_enum, default_value = "FETCH_AND_ADD")]
+    #[arg(
+        short = 'A',
+        long = "atomic_type",
+        value_enum,
+        default_value = "FETCH_AND_ADD"
+    )]
     atomic: AtomicOp,
     /// RDMA device [default: the first with an active port]
     #[arg(short = 'd', long = "ib-dev")]
@@ -96,8 +101,14 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args = Args::parse();
-    let role = if args.server.is_some() { "client" } else { "server" };
-    let test = format!("{:?}", args.test).to_lowercase().replace("lat", "_lat");
+    let role = if args.server.is_some() {
+        "client"
+    } else {
+        "server"
+    };
+    let test = format!("{:?}", args.test)
+        .to_lowercase()
+        .replace("lat", "_lat");
     let t = Instant::now();
     match run(&args).await {
         Ok(line) => println!(
@@ -161,7 +172,10 @@ async fn run(args: &Args) -> Res<String> {
             let req = tokio::time::timeout(STEP, l.next())
                 .await
                 .map_err(|_| "no test connection request")??;
-            let qpn = req.conn_param().map(|p| p.qp_num).ok_or("a request without parameters")?;
+            let qpn = req
+                .conn_param()
+                .map(|p| p.qp_num)
+                .ok_or("a request without parameters")?;
             (req.prepare(topts)?.accept(&[]).await?, qpn)
         }
     };
@@ -170,7 +184,13 @@ async fn run(args: &Args) -> Res<String> {
 
     // 3. Our memory and the pingpong_dest hand shakes.
     let local = local(&ep, &conn, args.test, size, port.lid)?;
-    let mut check = PeerCheck { first: None, qpn: peer_qpn, conn: &conn, ethernet: port.is_ethernet(), seen: 0 };
+    let mut check = PeerCheck {
+        first: None,
+        qpn: peer_qpn,
+        conn: &conn,
+        ethernet: port.is_ethernet(),
+        seen: 0,
+    };
     let mut recvs = Vec::new();
     let shakes = 4;
     let mut peer = Dest::default();
@@ -184,7 +204,9 @@ async fn run(args: &Args) -> Res<String> {
                 recvs.push(r);
             }
         }
-        let (raw, d) = comm.hand_shake(&local.dest, &format!("pingpong_dest hand shake {}", i + 1)).await?;
+        let (raw, d) = comm
+            .hand_shake(&local.dest, &format!("pingpong_dest hand shake {}", i + 1))
+            .await?;
         check.dest(&raw, &d, args.test, size)?;
         peer = d;
     }
@@ -200,7 +222,9 @@ async fn run(args: &Args) -> Res<String> {
         }
         Test::WriteLat => {
             let target = local.target.as_ref().expect("write target");
-            h = Some(lat::write_lat(&conn, target, token(size), size, args.iters, client, STEP).await?);
+            h = Some(
+                lat::write_lat(&conn, target, token(size), size, args.iters, client, STEP).await?,
+            );
         }
         Test::ReadLat | Test::AtomicLat if !client => {
             close_hand_shake(&mut comm, &mut check, &local.dest, args.test, size).await?;
@@ -223,7 +247,10 @@ async fn run(args: &Args) -> Res<String> {
                     )
                     .into());
                 }
-                detail = format!("; our atomic target went {:#x} -> {v:#x}", lat::ATOMIC_START);
+                detail = format!(
+                    "; our atomic target went {:#x} -> {v:#x}",
+                    lat::ATOMIC_START
+                );
             }
         }
         Test::ReadLat => {
@@ -231,7 +258,8 @@ async fn run(args: &Args) -> Res<String> {
             close_hand_shake(&mut comm, &mut check, &local.dest, args.test, size).await?;
         }
         Test::AtomicLat => {
-            let (hist, first, last) = lat::atomic_lat(&conn, token(8), args.atomic, args.iters, STEP).await?;
+            let (hist, first, last) =
+                lat::atomic_lat(&conn, token(8), args.atomic, args.iters, STEP).await?;
             h = Some(hist);
             detail = format!("; returned values {first:#x}..={last:#x}");
             close_hand_shake(&mut comm, &mut check, &local.dest, args.test, size).await?;
@@ -251,13 +279,20 @@ async fn run(args: &Args) -> Res<String> {
     comm.close().await?;
     drop(local);
 
-    let mut line = format!("{} iterations of {size} bytes verified; {} side-channel exchanges{detail}", args.iters, msgs);
+    let mut line = format!(
+        "{} iterations of {size} bytes verified; {} side-channel exchanges{detail}",
+        args.iters, msgs
+    );
     if let Some(h) = h {
         let (def, div) = match args.test {
             Test::SendLat | Test::WriteLat => ("half a round trip", 2.0),
             _ => ("one operation", 1.0),
         };
-        common::latency_table(&format!("perftest_peer {:?}, latency (round trips: ours)", args.test), size, &h);
+        common::latency_table(
+            &format!("perftest_peer {:?}, latency (round trips: ours)", args.test),
+            size,
+            &h,
+        );
         let p50 = h.value_at_quantile(0.5) as f64 / 1e3 / div;
         line += &format!("; perftest-comparable p50 {p50:.2} us ({def})");
     }
@@ -267,10 +302,16 @@ async fn run(args: &Args) -> Res<String> {
 /// The test connection's options: perftest's depths (READ/atomic depth only for read_lat and
 /// atomic_lat) and the remote right its traffic needs.
 fn test_options(test: Test) -> RawOptions {
-    let o = RawOptions::default().send_queue(4).recv_queue(4).sges(1, 1).timeout(STEP);
+    let o = RawOptions::default()
+        .send_queue(4)
+        .recv_queue(4)
+        .sges(1, 1)
+        .timeout(STEP);
     match test {
         Test::SendLat => o.access(AccessFlags::LOCAL_WRITE).rd_atomic(0, 0),
-        Test::WriteLat => o.access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).rd_atomic(0, 0),
+        Test::WriteLat => o
+            .access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .rd_atomic(0, 0),
         Test::ReadLat => o.access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ),
         Test::AtomicLat => o.access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC),
     }
@@ -279,13 +320,21 @@ fn test_options(test: Test) -> RawOptions {
 /// Connects the test connection, retrying while the server is not listening yet (perftest's
 /// server listens again only after the hand shake before it; perftest's client retries 10
 /// times, 100 ms apart). Returns the connection and the peer's QP number.
-async fn connect_test(ep: &Endpoint, addr: SocketAddr, opts: RawOptions) -> Res<(RawConnection, u32)> {
+async fn connect_test(
+    ep: &Endpoint,
+    addr: SocketAddr,
+    opts: RawOptions,
+) -> Res<(RawConnection, u32)> {
     let start = Instant::now();
     let mut tries = 0u32;
     loop {
         tries += 1;
         let attempt = async {
-            let reply = ep.raw_connector(addr, opts.clone()).await?.connect(&[]).await?;
+            let reply = ep
+                .raw_connector(addr, opts.clone())
+                .await?
+                .connect(&[])
+                .await?;
             let qpn = reply.conn_param().map(|p| p.qp_num);
             Ok::<_, Error>((reply.establish()?, qpn))
         }
@@ -295,7 +344,9 @@ async fn connect_test(ep: &Endpoint, addr: SocketAddr, opts: RawOptions) -> Res<
             Ok((_, None)) => return Err("the server's answer carries no parameters".into()),
             Err(e @ (Error::ConnectionRejected { .. } | Error::CmEventFailed { .. })) => {
                 if start.elapsed() > STEP {
-                    return Err(format!("the test connection failed {tries} times; last: {e}").into());
+                    return Err(
+                        format!("the test connection failed {tries} times; last: {e}").into(),
+                    );
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -347,12 +398,22 @@ fn local(ep: &Endpoint, conn: &RawConnection, test: Test, size: usize, lid: u16)
 async fn zero_hand_shake(comm: &mut Comm, what: &str) -> Res<()> {
     let (raw, _) = comm.hand_shake(&Dest::default(), what).await?;
     if let Some(at) = (0..DEST_LEN).find(|i| !DEST_PADDING.contains(i) && raw[*i] != 0) {
-        return Err(format!("{what}: byte {at} is {:#04x}; perftest sends a zeroed pingpong_dest here", raw[at]).into());
+        return Err(format!(
+            "{what}: byte {at} is {:#04x}; perftest sends a zeroed pingpong_dest here",
+            raw[at]
+        )
+        .into());
     }
     Ok(())
 }
 
-async fn close_hand_shake(comm: &mut Comm, check: &mut PeerCheck<'_>, mine: &Dest, test: Test, size: usize) -> Res<()> {
+async fn close_hand_shake(
+    comm: &mut Comm,
+    check: &mut PeerCheck<'_>,
+    mine: &Dest,
+    test: Test,
+    size: usize,
+) -> Res<()> {
     let (raw, d) = comm.hand_shake(mine, "the closing hand shake").await?;
     check.dest(&raw, &d, test, size)
 }
@@ -383,7 +444,11 @@ impl PeerCheck<'_> {
         }
         self.first = Some(*raw);
         if d.qpn != self.qpn {
-            return Err(format!("perftest's QP number is {:#x}, RDMA CM connected us to {:#x}", d.qpn, self.qpn).into());
+            return Err(format!(
+                "perftest's QP number is {:#x}, RDMA CM connected us to {:#x}",
+                d.qpn, self.qpn
+            )
+            .into());
         }
         if self.ethernet && d.lid != 0 {
             return Err(format!("perftest's LID is {} on RoCE", d.lid).into());
@@ -397,15 +462,28 @@ impl PeerCheck<'_> {
             want[11] = 0xff;
             want[12..].copy_from_slice(&a.ip().octets());
             if d.gid != want {
-                return Err(format!("perftest's GID {:02x?} is not its address {}", d.gid, a.ip()).into());
+                return Err(format!(
+                    "perftest's GID {:02x?} is not its address {}",
+                    d.gid,
+                    a.ip()
+                )
+                .into());
             }
         }
         if test != Test::SendLat {
             if d.rkey == 0 || d.vaddr == 0 {
-                return Err(format!("perftest's rkey {:#x} / address {:#x} for {size} bytes", d.rkey, d.vaddr).into());
+                return Err(format!(
+                    "perftest's rkey {:#x} / address {:#x} for {size} bytes",
+                    d.rkey, d.vaddr
+                )
+                .into());
             }
             if test == Test::AtomicLat && d.vaddr % 8 != 0 {
-                return Err(format!("perftest's atomic target {:#x} is not 8-byte aligned", d.vaddr).into());
+                return Err(format!(
+                    "perftest's atomic target {:#x} is not 8-byte aligned",
+                    d.vaddr
+                )
+                .into());
             }
         }
         Ok(())
