@@ -1,7 +1,8 @@
 //! An `rping`-compatible program (rdma-core's `librdmacm/examples/rping.c`) on the crate's raw
-//! layer: RDMA CM by hand (`verbs::{EventChannel, CmId, ConnParam}`) and an [`AsyncQp`] from an
-//! [`Endpoint`]'s driver, with no framing of the crate's own. It talks to C `rping` in both
-//! roles and is the template for talking to any C peer (docs/interop.md).
+//! connections (`conn::{RawOptions, RawConnector, RawListener, RawConnection}`): RDMA CM with
+//! rping's queue-pair sizes and parameters, and an [`AsyncQp`] with no framing of the crate's
+//! own. It talks to C `rping` in both roles and is the template for talking to any C peer
+//! (docs/interop.md).
 //!
 //! ```text
 //! rping --server [-a ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v]
@@ -29,15 +30,12 @@ use std::pin::pin;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
 use tokio_rdma::Endpoint;
 use tokio_rdma::buf::{IoBuf, RemoteToken};
-use tokio_rdma::driver::{AsyncQp, QpOptions};
-use tokio_rdma::verbs::{
-    AccessFlags, CmEvent, CmEventKind, CmId, ConnParam, Context, EventChannel, ProtectionDomain,
-    QpState, RegisteredBuffer,
-};
+use tokio_rdma::conn::{RawConnection, RawOptions};
+use tokio_rdma::driver::AsyncQp;
+use tokio_rdma::ops::Recv;
+use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
 
 /// rping's message: where the peer may read or write, big-endian (`struct rping_rdma_info`).
 const INFO_LEN: usize = 16;
@@ -48,7 +46,6 @@ const MAX_SIZE: usize = 64 * 1024 - 1;
 const SERVER_BUF: usize = 64 * 1024;
 /// How long any one step may take (rxe under TCG is slow, but not this slow).
 const STEP: Duration = Duration::from_secs(30);
-const RESOLVE_MS: u32 = 2000;
 
 /// An rping-compatible client or server (RDMA READ/WRITE ping-pong with data verification),
 /// interoperable with rdma-core's `rping`.
@@ -90,6 +87,9 @@ struct Args {
     /// Accepted for rping compatibility: data is always validated
     #[arg(short = 'V', long)]
     validate: bool,
+    /// The RDMA device (default: the first with an active port); ADDR must be on it
+    #[arg(short = 'd', long, value_name = "DEVICE")]
+    device: Option<String>,
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -117,78 +117,26 @@ async fn main() {
     }
 }
 
-/// An event channel readable from Tokio (its descriptor is non-blocking).
-struct Cm {
-    fd: AsyncFd<EventChannel>,
+/// rping's queue pair and connection parameters (`rping_setup_qp`, `rping_init_conn_param`):
+/// 16 sends and 2 receives of one SGE, one RDMA READ in flight each way, 7 retries, RNR retry
+/// forever; every send signalled and posted on its first poll. Remote READ and WRITE are
+/// allowed on the queue pair (the client's buffers are read and written by the server).
+fn raw_options() -> RawOptions {
+    RawOptions::default()
+        .send_queue(16)
+        .recv_queue(4)
+        .sges(1, 1)
+        .rd_atomic(1, 1)
+        .retry_count(7)
+        .rnr_retry_count(7)
+        .timeout(STEP)
 }
 
-impl Cm {
-    fn new() -> Res<Cm> {
-        let ch = EventChannel::new()?;
-        // SAFETY: the AsyncFd owns the channel, so its descriptor stays open and the same
-        // for as long as it is registered.
-        let fd = unsafe { AsyncFd::register_with_interest(ch, Interest::READABLE) }
-            .map_err(|e| e.into_parts().1)?;
-        Ok(Cm { fd })
-    }
-
-    fn channel(&self) -> &EventChannel {
-        self.fd.get_ref()
-    }
-
-    /// The next event (cancel safe: an event is only taken when it is returned).
-    async fn next(&self) -> Res<CmEvent> {
-        loop {
-            let mut guard = self.fd.readable().await?;
-            match self.channel().get_event()? {
-                Some(ev) => return Ok(ev),
-                None => guard.clear_ready(),
-            }
-        }
-    }
-
-    /// The next event, which must be `kind` (an error event becomes its error).
-    async fn expect(&self, kind: CmEventKind) -> Res<CmEvent> {
-        let ev = tokio::time::timeout(STEP, self.next())
-            .await
-            .map_err(|_| format!("no {kind} within {STEP:?}"))??;
-        Ok(ev.expect(kind)?)
-    }
-}
-
-/// rping's connection parameters: one RDMA READ in flight each way, 7 retries, RNR retry
-/// forever (`rping_init_conn_param`), for our own queue pair.
-fn conn_param(qp: &AsyncQp) -> ConnParam<'static> {
-    let mut p = ConnParam::new(qp.verbs());
-    p.responder_resources = 1;
-    p.initiator_depth = 1;
-    p.retry_count = 7;
-    p.rnr_retry_count = 7;
-    p
-}
-
-/// The endpoint (device context, CQ, driver) of the device `id` is bound to. `Endpoint::open`
-/// uses librdmacm's contexts, so the queue pair it creates can be connected through `id`.
-fn endpoint_for(id: &CmId) -> Res<Endpoint> {
-    let name = Context::from_cm_id(id)?.name().to_string();
-    let ep = Endpoint::open(&name)?;
-    if !id.is_on(ep.context()) {
-        return Err(format!("the CM id is not on endpoint {name}'s context").into());
-    }
-    Ok(ep)
-}
-
-/// A queue pair sized like rping's (16 sends, 2 receives, one SGE), every send signaled and
-/// posted on first poll.
-fn create_qp(ep: &Endpoint, pd: &ProtectionDomain) -> Res<AsyncQp> {
-    let mut o = QpOptions::default();
-    o.caps.max_send_wr = 16;
-    o.caps.max_recv_wr = 4;
-    o.caps.max_send_sge = 1;
-    o.caps.max_recv_sge = 1;
-    o.signal_every = 1;
-    o.coalesce = false;
-    Ok(ep.driver().create_qp(pd, o)?)
+fn endpoint(args: &Args) -> Res<Endpoint> {
+    Ok(match &args.device {
+        Some(name) => Endpoint::open(name)?,
+        None => Endpoint::open_first_active()?,
+    })
 }
 
 fn encode_info(buf: &RegisteredBuffer, addr: u64, rkey: u32, len: u32) {
@@ -233,17 +181,12 @@ fn mismatch(got: &[u8], want: &[u8]) -> Option<usize> {
     got.iter().zip(want).position(|(a, b)| a != b)
 }
 
-/// Starts a receive into `buf` (posted now, so the peer's next SEND finds it) and returns
-/// the future that completes it.
-async fn post_recv(
-    qp: &AsyncQp,
-    buf: RegisteredBuffer,
-) -> Res<tokio_rdma::ops::Recv<RegisteredBuffer>> {
+/// Posts a receive into `buf` now (so the peer's next SEND finds it) and returns the future
+/// that completes it.
+fn post_recv(qp: &AsyncQp, buf: RegisteredBuffer) -> Recv<RegisteredBuffer> {
     let mut recv = qp.recv(buf);
-    if let std::task::Poll::Ready((res, _)) = futures::poll!(&mut recv) {
-        return Err(format!("receive completed before any send: {:?}", res.err()).into());
-    }
-    Ok(recv)
+    recv.start();
+    recv
 }
 
 /// What ended a wait for a message.
@@ -253,35 +196,25 @@ enum Got {
 }
 
 /// Waits for the posted receive `recv` to complete with rping's 16-byte message, or for the
-/// peer to disconnect (a `DISCONNECTED` event on `cm` for `id`).
-async fn wait_message(
-    cm: &Cm,
-    id: &CmId,
-    recv: tokio_rdma::ops::Recv<RegisteredBuffer>,
-    what: &str,
-) -> Res<Got> {
+/// peer to disconnect.
+async fn wait_message(conn: &RawConnection, recv: Recv<RegisteredBuffer>, what: &str) -> Res<Got> {
     let mut recv = pin!(recv);
     let deadline = tokio::time::sleep(STEP);
     let mut deadline = pin!(deadline);
-    loop {
-        tokio::select! {
-            (res, buf) = &mut recv => {
-                let info = res.map_err(|e| format!("receive of {what}: {e}"))?;
-                if info.len != INFO_LEN {
-                    return Err(format!("{what}: {} bytes received, rping sends {INFO_LEN}", info.len).into());
-                }
-                return Ok(Got::Message(buf));
+    tokio::select! {
+        biased;
+        (res, buf) = &mut recv => {
+            let info = res.map_err(|e| format!("receive of {what}: {e}"))?;
+            if info.len != INFO_LEN {
+                return Err(format!("{what}: {} bytes received, rping sends {INFO_LEN}", info.len).into());
             }
-            ev = cm.next() => {
-                let ev = ev?;
-                match ev.kind() {
-                    CmEventKind::Disconnected if ev.is_for(id) => return Ok(Got::Disconnected),
-                    CmEventKind::TimewaitExit => {}
-                    k => return Err(format!("unexpected {k} while waiting for {what}").into()),
-                }
-            }
-            () = &mut deadline => return Err(format!("no {what} within {STEP:?}").into()),
+            Ok(Got::Message(buf))
         }
+        gone = conn.disconnected() => {
+            gone?;
+            Ok(Got::Disconnected)
+        }
+        () = &mut deadline => Err(format!("no {what} within {STEP:?}").into()),
     }
 }
 
@@ -302,61 +235,23 @@ async fn within<F: std::future::Future>(f: F, what: &str) -> F::Output {
     }
 }
 
-/// Disconnects `id` (answering the peer's disconnect, or starting ours) and flushes and
-/// destroys the queue pair.
-async fn shut_down(cm: &Cm, id: &CmId, qp: AsyncQp, peer_gone: bool) -> Res<()> {
-    let r = id.disconnect();
-    if !peer_gone {
-        r?;
-        // Our own DISCONNECTED event: the peer has seen the disconnect request (or it timed out).
-        loop {
-            let ev = tokio::time::timeout(STEP, cm.next())
-                .await
-                .map_err(|_| "no DISCONNECTED after rdma_disconnect")??;
-            if ev.kind() == CmEventKind::Disconnected && ev.is_for(id) {
-                break;
-            }
-        }
-    }
-    within(qp.close(), "closing the queue pair").await?;
-    Ok(())
-}
-
 async fn client(args: &Args, done: &mut u32) -> Res<()> {
     let size = args.size.unwrap_or(64) as usize;
     let count = args.count.unwrap_or(0);
     let to = SocketAddr::new(args.addr, args.port);
-    let cm = Cm::new()?;
-    let id = CmId::new(cm.channel())?;
-    id.resolve_addr(None, to, RESOLVE_MS)?;
-    cm.expect(CmEventKind::AddrResolved).await?;
-    id.resolve_route(RESOLVE_MS)?;
-    cm.expect(CmEventKind::RouteResolved).await?;
-
-    let ep = endpoint_for(&id)?;
-    let pd = ProtectionDomain::new(ep.context())?;
-    let qp = create_qp(&ep, &pd)?;
-    // The server RDMA READs the source buffer and RDMA WRITEs the sink: both the queue pair
-    // and the memory must allow it (RDMA CM gives the active side no remote access at INIT).
+    let ep = endpoint(args)?;
+    let connector = ep.raw_connector(to, raw_options()).await?;
+    let pd = connector.pd().clone();
+    // The server RDMA READs the source buffer and RDMA WRITEs the sink.
     let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    id.modify_qp_with_access(
-        qp.verbs(),
-        QpState::Init,
-        AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-    )?;
     let start = RegisteredBuffer::new(&pd, size, remote)?;
     let sink = RegisteredBuffer::new(&pd, size, remote)?;
     let mut tx = RegisteredBuffer::new(&pd, INFO_LEN, AccessFlags::LOCAL_WRITE)?;
-    let mut rx = Some(RegisteredBuffer::new(
-        &pd,
-        INFO_LEN,
-        AccessFlags::LOCAL_WRITE,
-    )?);
-    let mut recv = post_recv(&qp, rx.take().expect("buffer")).await?;
-
-    id.connect(&conn_param(&qp))?;
-    cm.expect(CmEventKind::ConnectResponse).await?;
-    id.finish_connect(qp.verbs())?; // RTR, RTS, and the ready-to-use message
+    let rx = RegisteredBuffer::new(&pd, INFO_LEN, AccessFlags::LOCAL_WRITE)?;
+    let mut recv = post_recv(connector.qp(), rx);
+    // rping sends no private data; RTR, RTS and the ready-to-use message in `establish`.
+    let conn = connector.connect(&[]).await?.establish()?;
+    let qp = conn.qp();
     println!("rping client: connected to {to} on {}", ep.device_name());
 
     let mut ping = 0u32;
@@ -368,19 +263,18 @@ async fn client(args: &Args, done: &mut u32) -> Res<()> {
         start.write_at(0, &want);
         sink.write_at(0, &vec![0u8; size]);
         encode_info(&tx, start.addr(), start.rkey(), size as u32);
-        tx = send_msg(&qp, tx, "the source buffer's address").await?;
-        let Got::Message(buf) = wait_message(&cm, &id, recv, "the server's go-ahead").await? else {
+        tx = send_msg(qp, tx, "the source buffer's address").await?;
+        let Got::Message(buf) = wait_message(&conn, recv, "the server's go-ahead").await? else {
             return Err("the server disconnected mid-ping".into());
         };
-        recv = post_recv(&qp, buf).await?;
+        recv = post_recv(qp, buf);
         // The server writes the data back into our sink buffer.
         encode_info(&tx, sink.addr(), sink.rkey(), size as u32);
-        tx = send_msg(&qp, tx, "the sink buffer's address").await?;
-        let Got::Message(buf) = wait_message(&cm, &id, recv, "the server's write-done").await?
-        else {
+        tx = send_msg(qp, tx, "the sink buffer's address").await?;
+        let Got::Message(buf) = wait_message(&conn, recv, "the server's write-done").await? else {
             return Err("the server disconnected mid-ping".into());
         };
-        recv = post_recv(&qp, buf).await?;
+        recv = post_recv(qp, buf);
         let got = sink.to_vec();
         if let Some(at) = mismatch(&got, &want) {
             return Err(format!(
@@ -402,37 +296,26 @@ async fn client(args: &Args, done: &mut u32) -> Res<()> {
         us / f64::from(ping.max(1))
     );
     drop(recv);
-    shut_down(&cm, &id, qp, false).await
+    within(conn.disconnect(), "disconnecting").await?;
+    Ok(())
 }
 
 async fn server(args: &Args, done: &mut u32) -> Res<()> {
     let at = SocketAddr::new(args.addr, args.port);
-    let cm = Cm::new()?;
-    let listen_id = CmId::new(cm.channel())?;
-    listen_id.bind_addr(at)?;
-    listen_id.listen(3)?;
+    let ep = endpoint(args)?;
+    let listener = ep.listen_raw(at, 3)?;
     println!("rping server: listening on {at}");
-    let mut req = cm.expect(CmEventKind::ConnectRequest).await?;
-    let peer = *req
-        .conn_param()
-        .ok_or("CONNECT_REQUEST without parameters")?;
+    let req = within(listener.next(), "a connection request").await?;
     let from = req.peer_addr();
-    let id = req.take_id().ok_or("CONNECT_REQUEST without an id")?;
-
-    let ep = endpoint_for(&id)?;
-    let pd = ProtectionDomain::new(ep.context())?;
-    let qp = create_qp(&ep, &pd)?;
-    id.prepare_accept(qp.verbs())?; // INIT and RTR with RDMA CM's attributes
+    let accepting = req.prepare(raw_options())?; // INIT and RTR with RDMA CM's attributes
+    let pd = accepting.pd().clone();
     let data = RegisteredBuffer::new(&pd, SERVER_BUF, AccessFlags::LOCAL_WRITE)?;
     let mut data = Some(data);
     let mut tx = RegisteredBuffer::new(&pd, INFO_LEN, AccessFlags::LOCAL_WRITE)?;
     let rx = RegisteredBuffer::new(&pd, INFO_LEN, AccessFlags::LOCAL_WRITE)?;
-    let mut recv = post_recv(&qp, rx).await?;
-    let mut param = conn_param(&qp).answering(&peer);
-    param.initiator_depth = param.initiator_depth.min(peer.initiator_depth).max(1);
-    id.accept(&param)?;
-    cm.expect(CmEventKind::Established).await?;
-    id.modify_qp(qp.verbs(), QpState::Rts)?;
+    let mut recv = post_recv(accepting.qp(), rx);
+    let conn = accepting.accept(&[]).await?;
+    let qp = conn.qp();
     println!(
         "rping server: connection from {} on {}",
         from.map_or("?".into(), |a| a.to_string()),
@@ -441,14 +324,14 @@ async fn server(args: &Args, done: &mut u32) -> Res<()> {
 
     let mut ping = 0u32;
     let mut want = Vec::new();
-    let peer_gone = loop {
+    loop {
         // Ping N: the client's source buffer (or the client disconnects: the end).
-        let buf = match wait_message(&cm, &id, recv, "the client's source address").await? {
+        let buf = match wait_message(&conn, recv, "the client's source address").await? {
             Got::Message(buf) => buf,
-            Got::Disconnected => break true,
+            Got::Disconnected => break,
         };
         let src = decode_info(&buf);
-        recv = post_recv(&qp, buf).await?;
+        recv = post_recv(qp, buf);
         let len = src.len() as usize;
         if !(MIN_SIZE..=MAX_SIZE).contains(&len) {
             return Err(format!("ping {ping}: the client offers {len} bytes").into());
@@ -474,13 +357,13 @@ async fn server(args: &Args, done: &mut u32) -> Res<()> {
             println!("server ping data: {}", c_str(&got[..len]));
         }
         tx.write_at(0, &[0u8; INFO_LEN]);
-        tx = send_msg(&qp, tx, "the go-ahead").await?;
+        tx = send_msg(qp, tx, "the go-ahead").await?;
 
         // The client's sink buffer: echo the string (with its NUL) there, as rping does.
-        let sink = match wait_message(&cm, &id, recv, "the client's sink address").await? {
+        let sink = match wait_message(&conn, recv, "the client's sink address").await? {
             Got::Message(b) => {
                 let t = decode_info(&b);
-                recv = post_recv(&qp, b).await?;
+                recv = post_recv(qp, b);
                 t
             }
             Got::Disconnected => return Err("the client disconnected mid-ping".into()),
@@ -495,12 +378,13 @@ async fn server(args: &Args, done: &mut u32) -> Res<()> {
         let (res, slice) = within(qp.write(buf.slice(0..echo), sink), "RDMA WRITE").await;
         res.map_err(|e| format!("RDMA WRITE of ping {ping}: {e}"))?;
         data = Some(slice.into_inner());
-        tx = send_msg(&qp, tx, "the write-done").await?;
+        tx = send_msg(qp, tx, "the write-done").await?;
         ping += 1;
         *done = ping;
-    };
-    shut_down(&cm, &id, qp, peer_gone).await?;
-    drop(listen_id);
+    }
+    // Answers the client's disconnect and closes the queue pair.
+    within(conn.disconnect(), "disconnecting").await?;
+    drop(listener);
     match args.count {
         Some(c) if c != ping => Err(format!("the client did {ping} pings, -C says {c}").into()),
         _ => Ok(()),

@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -18,10 +19,10 @@ use super::setup;
 use super::shared::ConnShared;
 use super::stream::RdmaStream;
 use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess};
+use crate::driver::AsyncQp;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::proto::conn::{ConnConfig, ConnCounters, ConnProto};
-use crate::driver::AsyncQp;
 use crate::verbs::ProtectionDomain;
 
 /// An established RDMA connection.
@@ -63,7 +64,7 @@ pub struct Connection {
     span: tracing::Span,
     /// What this side offered in the handshake (one-sided access, atomics).
     pub(super) offered: Flags,
-    user_pool: OnceLock<Pool>,
+    pub(super) user_pool: OnceLock<Pool>,
     user_pool_config: PoolConfig,
 }
 
@@ -78,6 +79,13 @@ pub struct ConnStats {
     /// Bytes of the connection's private message buffers in use now (posted receives,
     /// received data the application still holds, sends in flight).
     pub buffer_bytes_in_use: u64,
+    /// Message bytes sent inline in the work request (copied by the device at post time).
+    pub send_bytes_inline: u64,
+    /// Message bytes copied into the connection's staging buffers to be sent.
+    pub send_bytes_copied: u64,
+    /// Message bytes sent straight from the application's registered memory
+    /// ([`send_bytes`](Connection::send_bytes), [`send_buf`](Connection::send_buf)).
+    pub send_bytes_zero_copy: u64,
 }
 
 /// A connection whose receives are posted, waiting for the CM handshake to complete.
@@ -299,10 +307,14 @@ impl Connection {
             let s = self.shared.io.lock();
             (s.proto.counters(), s.proto.held().0)
         };
+        let sent = &self.shared.io.sent_bytes;
         ConnStats {
             protocol,
             recv_bytes_held: held,
             buffer_bytes_in_use: self.shared.io.buffer_bytes_in_use(),
+            send_bytes_inline: sent.inline.load(Ordering::Relaxed),
+            send_bytes_copied: sent.staged.load(Ordering::Relaxed),
+            send_bytes_zero_copy: sent.zero_copy.load(Ordering::Relaxed),
         }
     }
 

@@ -19,12 +19,14 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tracing::{trace, warn};
 
+use bytes::Bytes;
+
 use crate::buf::{Pool, PoolBuf};
 use crate::driver::{Deferred, Sink};
 use crate::error::{QpFailure, WcStatus};
 use crate::proto::conn::{Chunk, ConnProto};
 use crate::proto::{Cqe, MsgKind};
-use crate::verbs::{QueuePair, RecvWr, SendOp, SendWr};
+use crate::verbs::{QueuePair, RecvWr, SendOp, SendWr, Sge};
 
 /// The state machine over the connection's receive buffers.
 pub(crate) type Proto = ConnProto<PoolBuf>;
@@ -35,13 +37,51 @@ const SEND_BIT: u32 = 1 << 31;
 /// A send on the device, until its completion (or a later signaled one) retires it.
 #[derive(Debug)]
 enum Sent {
-    /// A data chunk; its staging buffer (none when sent inline) is free once retired.
-    Data(Option<PoolBuf>),
+    /// A data chunk; what it was sent from is released once retired.
+    Data(Held),
     /// A control message, reported to the state machine when retired.
     Control(MsgKind),
     /// A zero-length signaled send posted after the queue pair failed: its flush retires every
     /// send before it (sends that completed unsignaled raise no completion of their own).
     Marker,
+}
+
+/// The memory a data chunk was sent from, held until the send is retired.
+#[derive(Debug)]
+enum Held {
+    /// Sent inline: the device copied it at post time.
+    Inline,
+    /// Copied into a staging buffer of the connection's.
+    Staged(#[allow(dead_code, reason = "held, never read")] PoolBuf),
+    /// The application's own registered bytes, sent without copying.
+    User(#[allow(dead_code, reason = "held, never read")] Bytes),
+}
+
+/// Where a message's bytes are sent from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// Plain memory: chunks go inline or are copied into staging buffers.
+    Copy(&'a [u8]),
+    /// Bytes in memory registered in the connection's protection domain (`lkey`): chunks that
+    /// are not inline are sent straight from them.
+    Registered(&'a Bytes, u32),
+}
+
+impl Source<'_> {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Source::Copy(b) => b,
+            Source::Registered(b, _) => b,
+        }
+    }
+}
+
+/// How a connection's sent bytes left: counters for [`ConnStats`](super::ConnStats).
+#[derive(Debug, Default)]
+pub(crate) struct SendBytes {
+    pub(crate) inline: AtomicU64,
+    pub(crate) staged: AtomicU64,
+    pub(crate) zero_copy: AtomicU64,
 }
 
 /// Everything behind the connection's lock.
@@ -97,6 +137,12 @@ pub(crate) struct ConnIo {
     /// every buffer back.
     pub(crate) torn_down: std::sync::atomic::AtomicBool,
     pub(crate) done: Notify,
+    /// How the data bytes were sent.
+    pub(crate) sent_bytes: SendBytes,
+    /// The application's bytes of retired zero-copy sends, dropped once the connection's lock
+    /// is released: the last reference to a forwarded [`Message`](super::Message) re-posts its
+    /// receive, which takes that lock.
+    retired: Mutex<Vec<Bytes>>,
 }
 
 /// Parameters of a [`ConnIo`].
@@ -143,6 +189,20 @@ impl ConnIo {
             changes: AtomicU64::new(0),
             torn_down: std::sync::atomic::AtomicBool::new(false),
             done: Notify::new(),
+            sent_bytes: SendBytes::default(),
+            retired: Mutex::new(Vec::with_capacity(sq_budget as usize)),
+        }
+    }
+
+    /// Drops the retired application bytes, outside the connection's lock (and outside the
+    /// list's own lock, popping one at a time: the list keeps its capacity).
+    fn drop_retired(&self) {
+        loop {
+            let b = self.retired.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match b {
+                Some(b) => drop(b),
+                None => break,
+            }
         }
     }
 
@@ -204,41 +264,71 @@ impl ConnIo {
         false
     }
 
-    /// Posts `chunk` of `msg`: inline when it fits, else copied into the `staging` buffer
-    /// (which the caller acquired; taken only then). A failed post fails the connection and
-    /// returns `false`.
+    /// Whether a chunk of `len` bytes from `src` needs a staging buffer.
+    pub(crate) fn needs_staging(&self, src: &Source<'_>, len: usize) -> bool {
+        len > self.max_inline && matches!(src, Source::Copy(_))
+    }
+
+    /// Posts `chunk` of the message in `src`: inline when it fits, straight from registered
+    /// bytes, or copied into the `staging` buffer (which the caller acquired; taken only
+    /// then). A failed post fails the connection and returns `false`.
     pub(crate) fn post_chunk(
         &self,
         s: &mut ConnState,
         chunk: Chunk,
-        msg: &[u8],
+        src: Source<'_>,
         staging: &mut Option<PoolBuf>,
     ) -> bool {
-        let bytes = &msg[chunk.offset as usize..(chunk.offset + u64::from(chunk.len)) as usize];
+        let range = chunk.offset as usize..(chunk.offset + u64::from(chunk.len)) as usize;
+        let bytes = &src.bytes()[range.clone()];
         let seq = s.next_send;
         let wr_id = self.wr_base | u64::from(SEND_BIT | seq);
-        let inline = bytes.len() <= self.max_inline;
-        let (sent, posted) = if inline || bytes.is_empty() {
+        let op = SendOp::SendWithImm(chunk.imm);
+        let counters = &self.sent_bytes;
+        let (sent, posted) = if bytes.len() <= self.max_inline {
             let sges;
-            let list: &[crate::verbs::Sge] = if bytes.is_empty() {
+            let list: &[Sge] = if bytes.is_empty() {
                 &[]
             } else {
                 // Inline: the device copies the bytes at post time, no key needed.
-                sges = [crate::verbs::Sge::new(
-                    bytes.as_ptr() as u64,
-                    bytes.len() as u32,
-                    0,
-                )];
+                sges = [Sge::new(bytes.as_ptr() as u64, bytes.len() as u32, 0)];
                 &sges
             };
             let signaled = self.signal(s, false);
             let wr = SendWr {
                 inline: !list.is_empty(),
                 signaled,
-                ..SendWr::new(wr_id, SendOp::SendWithImm(chunk.imm), list)
+                ..SendWr::new(wr_id, op, list)
             };
+            counters
+                .inline
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
             // SAFETY: an inline payload is copied during the call; `bytes` outlives it.
-            (Sent::Data(None), unsafe { self.qp.post_send(&[wr]) })
+            (Sent::Data(Held::Inline), unsafe {
+                self.qp.post_send(&[wr])
+            })
+        } else if let Source::Registered(owner, lkey) = src {
+            let held = owner.slice(range);
+            // The application waits for its buffer: the last chunk of the message always
+            // asks for the completion that gives it back.
+            let signaled = self.signal(s, true) || chunk.last;
+            if signaled {
+                s.unsignaled = 0;
+                s.staged_unsignaled = 0;
+            }
+            let sge = [Sge::new(held.as_ptr() as u64, held.len() as u32, lkey)];
+            let wr = SendWr {
+                signaled,
+                ..SendWr::new(wr_id, op, &sge)
+            };
+            counters
+                .zero_copy
+                .fetch_add(held.len() as u64, Ordering::Relaxed);
+            // SAFETY: `held` is in memory registered in this queue pair's protection domain
+            // (`lkey`, checked by the caller); the `Bytes` are immutable and stay in `sends`
+            // until this send is retired by a completion.
+            let r = unsafe { self.qp.post_send(&[wr]) };
+            (Sent::Data(Held::User(held)), r)
         } else {
             let mut buf = staging
                 .take()
@@ -249,12 +339,15 @@ impl ConnIo {
             let sge = [buf.sge(0..bytes.len())];
             let wr = SendWr {
                 signaled,
-                ..SendWr::new(wr_id, SendOp::SendWithImm(chunk.imm), &sge)
+                ..SendWr::new(wr_id, op, &sge)
             };
+            counters
+                .staged
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
             // SAFETY: the staging buffer is registered in this queue pair's protection domain
             // and stays in `sends` (untouched) until this send is retired by a completion.
             let r = unsafe { self.qp.post_send(&[wr]) };
-            (Sent::Data(Some(buf)), r)
+            (Sent::Data(Held::Staged(buf)), r)
         };
         match posted {
             Ok(()) => {
@@ -267,6 +360,15 @@ impl ConnIo {
                 false
             }
         }
+    }
+
+    /// The lkey under which `bytes` can be sent without copying: they lie in one of this
+    /// connection's pools (`extra`: the application's pool of the connection, if made).
+    pub(crate) fn lkey_of(&self, bytes: &[u8], extra: Option<&Pool>) -> Option<u32> {
+        let (addr, len) = (bytes.as_ptr() as usize, bytes.len());
+        extra
+            .and_then(|p| p.lkey_of(addr, len))
+            .or_else(|| self.pool.lkey_of(addr, len))
     }
 
     /// Whether the next send is signaled: often enough that the send queue and the staging
@@ -480,8 +582,13 @@ impl Sink for ConnIo {
                 match sent {
                     Sent::Marker => {}
                     Sent::Control(kind) => s.proto.handle_control_done(kind, res, now),
-                    Sent::Data(buf) => {
-                        drop(buf);
+                    Sent::Data(held) => {
+                        if let Held::User(b) = held {
+                            self.retired
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(b);
+                        }
                         match res {
                             Ok(()) => s.proto.heard(now),
                             Err(cause) => {
@@ -507,6 +614,7 @@ impl Sink for ConnIo {
             Self::wake_sq(&mut s, wake);
         }
         drop(s);
+        self.drop_retired();
         if kick || newly_failed {
             self.kick.notify_one();
         }

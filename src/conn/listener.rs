@@ -227,8 +227,7 @@ impl Listener {
         }
         let shared = Arc::new(shared);
         let span = info_span!("listener", addr = ?local_addr);
-        let task =
-            tokio::spawn(run(raw, Arc::new(opts), tx, shared.clone()).instrument(span));
+        let task = tokio::spawn(run(raw, Arc::new(opts), tx, shared.clone()).instrument(span));
         Ok(Listener {
             local_addr,
             queue: AsyncMutex::new(rx),

@@ -5,7 +5,9 @@
 use std::task::{Context, Poll};
 
 use super::connection::Connection;
-use super::io::ConnState;
+use bytes::Bytes;
+
+use super::io::{ConnState, Source};
 use super::shared::Message;
 use crate::buf::PoolBuf;
 use crate::driver::{WaitKind, Waiter};
@@ -51,6 +53,75 @@ impl Connection {
     /// the last chunk went out, the message is delivered whole. The connection stays usable
     /// in every case.
     pub async fn send(&self, msg: &[u8]) -> Result<()> {
+        self.send_from(Source::Copy(msg)).await
+    }
+
+    /// Sends `msg` like [`send`](Self::send), without copying it when its memory is
+    /// registered in this connection's protection domain: a buffer of this connection's
+    /// [`pool`](Self::pool) ([`PoolBuf::freeze`](crate::buf::PoolBuf::freeze), or
+    /// [`send_buf`](Self::send_buf)), or a received [`Message`]'s
+    /// [`into_bytes`](Message::into_bytes) (forwarding it). Chunks go straight from those
+    /// bytes to the peer; the connection keeps a reference to them until the device has read
+    /// them, so their memory returns to its pool only then. Other bytes are copied as `send`
+    /// copies them. [`ConnStats`](super::ConnStats) counts the bytes sent each way.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`send`](Self::send).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: tokio_rdma::conn::Connection) -> tokio_rdma::Result<()> {
+    /// let mut buf = conn.pool()?.acquire(1 << 20).await?;
+    /// buf.set_len(1 << 20);
+    /// buf.fill(7);
+    /// conn.send_bytes(buf.freeze()).await?; // no copy: the chunks are sent from `buf`
+    /// assert_eq!(conn.stats().send_bytes_copied, 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_bytes(&self, msg: Bytes) -> Result<()> {
+        let lkey = (msg.len() > self.shared.io.max_inline())
+            .then(|| self.shared.io.lkey_of(&msg, self.user_pool.get()))
+            .flatten();
+        match lkey {
+            Some(lkey) => self.send_from(Source::Registered(&msg, lkey)).await,
+            None => self.send_from(Source::Copy(&msg)).await,
+        }
+    }
+
+    /// Sends the filled part of `buf`, a buffer of this connection's [`pool`](Self::pool),
+    /// without copying: [`send_bytes`](Self::send_bytes) of `buf.freeze()`. The buffer returns
+    /// to the pool once the device has read it.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`send`](Self::send).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: tokio_rdma::conn::Connection) -> tokio_rdma::Result<()> {
+    /// let mut buf = conn.pool()?.acquire(4096).await?;
+    /// buf.set_len(4096);
+    /// buf.copy_from_slice(&[1; 4096]);
+    /// conn.send_buf(buf).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_buf(&self, buf: PoolBuf) -> Result<()> {
+        self.send_bytes(buf.freeze()).await
+    }
+
+    async fn send_from(&self, src: Source<'_>) -> Result<()> {
+        let msg = src.bytes();
         let io = &self.shared.io;
         let id = io.with(|s| s.proto.start_send(msg.len() as u64))?;
         let mut guard = SendGuard {
@@ -64,7 +135,7 @@ impl Connection {
         let mut offset = 0usize;
         loop {
             let len = (msg.len() - offset).min(chunk_size);
-            if len > io.max_inline() && staging.is_none() {
+            if io.needs_staging(&src, len) && staging.is_none() {
                 // Only the message whose turn it is takes a staging buffer.
                 wait.run(|s, cx| s.proto.poll_turn(id, cx)).await?;
                 staging = Some(match io.staging().try_acquire(chunk_size)? {
@@ -83,7 +154,7 @@ impl Connection {
                         Poll::Pending => return Poll::Pending,
                     };
                     // Posted under the lock: the wire order is the hand-out order.
-                    if io.post_chunk(s, chunk, msg, &mut staging) {
+                    if io.post_chunk(s, chunk, src, &mut staging) {
                         Poll::Ready(Ok(chunk.last))
                     } else {
                         Poll::Ready(Err(Error::QpFailed(

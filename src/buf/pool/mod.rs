@@ -326,6 +326,11 @@ impl Pool {
         }
     }
 
+    /// The lkey covering `len` bytes at `addr`, if they lie in this pool's memory.
+    pub(crate) fn lkey_of(&self, addr: usize, len: usize) -> Option<u32> {
+        self.inner.lkey_of(addr, len)
+    }
+
     /// A snapshot of the pool's counters.
     pub fn metrics(&self) -> PoolMetrics {
         let mut m = PoolMetrics {
@@ -365,6 +370,16 @@ impl PoolInner {
             )));
         }
         Ok(i)
+    }
+
+    /// The lkey that covers `len` bytes at `addr` if they lie in this pool's registered
+    /// memory (whatever buffer they belong to), else `None`.
+    pub(crate) fn lkey_of(&self, addr: usize, len: usize) -> Option<u32> {
+        self.classes.iter().find_map(|c| {
+            let start = c.mem.as_ptr() as usize;
+            let end = start + c.mem.len();
+            (addr >= start && addr.checked_add(len)? <= end).then(|| c.reg.lkey())
+        })
     }
 
     pub(crate) fn class_size(&self, class: u16) -> usize {

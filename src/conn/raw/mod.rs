@@ -37,10 +37,10 @@ use crate::verbs::{
     AccessFlags, CmEventKind, CmId, ConnParam, Context, ProtectionDomain, QpCaps, QpState,
 };
 
-pub use active::{RawConnector, RawReply};
-pub use passive::{RawAccepting, RawListener, RawRequest};
 pub(crate) use active::resolve;
+pub use active::{RawConnector, RawReply};
 pub(crate) use passive::listen_on;
+pub use passive::{RawAccepting, RawListener, RawRequest};
 
 /// Options of a raw connection: the queue pair's capabilities and driver options, its remote
 /// access, and the RDMA CM parameters sent to the peer.
@@ -391,7 +391,9 @@ impl RawConnection {
             let ev = self.events.next().await?;
             match ev.kind() {
                 CmEventKind::Disconnected => self.peer_gone.store(true, Ordering::Release),
-                CmEventKind::DeviceRemoval => return ev.expect(CmEventKind::Disconnected).map(drop),
+                CmEventKind::DeviceRemoval => {
+                    return ev.expect(CmEventKind::Disconnected).map(drop);
+                }
                 other => debug!(event = %other, "raw connection event"),
             }
         }
