@@ -251,7 +251,7 @@ impl Comm {
         let theirs = self.exchange(&v, "the version string").await?;
         let version = c_string(&theirs);
         let number = leading_float(&version);
-        if !(number >= 5.70) {
+        if number.is_nan() || number < 5.70 {
             return Err(format!(
                 "perftest announced version {version:?}; its protocol needs 5.70 or later"
             )
