@@ -88,6 +88,14 @@ atomic_future! {
 }
 
 impl<B: IoBufMut> CompareSwap<B> {
+    /// Posts the operation now, without waiting for its completion (a queue pair that
+    /// coalesces posts it at once too); await the future later for the outcome, which also
+    /// reports an error posting it. Calling it again, or after the first poll, does nothing.
+    /// See [`Recv::start`](crate::ops::Recv::start).
+    pub fn start(&mut self) {
+        self.raw.start();
+    }
+
     pub(crate) fn new(
         cfg: &OpConfig,
         mut buf: B,
@@ -108,6 +116,14 @@ impl<B: IoBufMut> CompareSwap<B> {
 }
 
 impl<B: IoBufMut> FetchAdd<B> {
+    /// Posts the operation now, without waiting for its completion (a queue pair that
+    /// coalesces posts it at once too); await the future later for the outcome, which also
+    /// reports an error posting it. Calling it again, or after the first poll, does nothing.
+    /// See [`Recv::start`](crate::ops::Recv::start).
+    pub fn start(&mut self) {
+        self.raw.start();
+    }
+
     pub(crate) fn new(cfg: &OpConfig, mut buf: B, remote: RemoteToken, add: u64) -> Self {
         let wr = atomic_request(&mut buf, &remote, |remote_addr, rkey| SendOp::FetchAdd {
             remote_addr,

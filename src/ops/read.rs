@@ -28,6 +28,14 @@ pub struct Read<B: SgTarget> {
 }
 
 impl<B: SgTarget> Read<B> {
+    /// Posts the operation now, without waiting for its completion (a queue pair that
+    /// coalesces posts it at once too); await the future later for the outcome, which also
+    /// reports an error posting it. Calling it again, or after the first poll, does nothing.
+    /// See [`Recv::start`](crate::ops::Recv::start).
+    pub fn start(&mut self) {
+        self.raw.start();
+    }
+
     pub(crate) fn new(cfg: &OpConfig, mut buf: B, remote: RemoteToken) -> Read<B> {
         let mut len = 0;
         let wr = target_list(&mut buf, cfg.caps.max_send_sge).and_then(|sges| {

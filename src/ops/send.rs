@@ -25,6 +25,14 @@ pub struct Send<B: SgSource> {
 }
 
 impl<B: SgSource> Send<B> {
+    /// Posts the operation now, without waiting for its completion (a queue pair that
+    /// coalesces posts it at once too); await the future later for the outcome, which also
+    /// reports an error posting it. Calling it again, or after the first poll, does nothing.
+    /// See [`Recv::start`](crate::ops::Recv::start).
+    pub fn start(&mut self) {
+        self.raw.start();
+    }
+
     pub(crate) fn new(cfg: &OpConfig, buf: B, imm: Option<u32>) -> Send<B> {
         let wr = source_list(&buf, cfg.caps.max_send_sge).map(|sges| {
             let op = match imm {

@@ -29,6 +29,14 @@ pub struct Write<B: SgSource> {
 }
 
 impl<B: SgSource> Write<B> {
+    /// Posts the operation now, without waiting for its completion (a queue pair that
+    /// coalesces posts it at once too); await the future later for the outcome, which also
+    /// reports an error posting it. Calling it again, or after the first poll, does nothing.
+    /// See [`Recv::start`](crate::ops::Recv::start).
+    pub fn start(&mut self) {
+        self.raw.start();
+    }
+
     pub(crate) fn new(cfg: &OpConfig, buf: B, remote: RemoteToken, imm: Option<u32>) -> Write<B> {
         let wr = source_list(&buf, cfg.caps.max_send_sge).and_then(|sges| {
             let total = sges.total_len();

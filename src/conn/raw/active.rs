@@ -188,7 +188,7 @@ impl RawReply {
             setup,
             qp,
             pd,
-            self.private_data,
+            (self.private_data, self.param),
             false,
             opts.timeout,
         ))

@@ -34,7 +34,8 @@ use crate::driver::{AsyncQp, QpOptions};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::verbs::{
-    AccessFlags, CmEventKind, CmId, ConnParam, Context, ProtectionDomain, QpCaps, QpState,
+    AccessFlags, CmEventKind, CmId, ConnParam, Context, PeerConnParam, ProtectionDomain, QpCaps,
+    QpState,
 };
 
 pub(crate) use active::resolve;
@@ -312,6 +313,7 @@ pub struct RawConnection {
     qp: AsyncQp,
     pd: ProtectionDomain,
     peer_private_data: Vec<u8>,
+    peer_param: Option<PeerConnParam>,
     events: AsyncChannel,
     /// Dropped after the queue pair (fields drop in order): its disconnect comes last.
     id: CmId,
@@ -334,14 +336,15 @@ impl RawConnection {
         setup: CmSetup,
         qp: AsyncQp,
         pd: ProtectionDomain,
-        peer_private_data: Vec<u8>,
+        peer: (Vec<u8>, Option<PeerConnParam>),
         peer_gone: bool,
         timeout: Duration,
     ) -> RawConnection {
         RawConnection {
             qp,
             pd,
-            peer_private_data,
+            peer_private_data: peer.0,
+            peer_param: peer.1,
             events: setup.events,
             id: setup.id,
             peer_gone: AtomicBool::new(peer_gone),
@@ -363,6 +366,12 @@ impl RawConnection {
     /// may be padded with zeros).
     pub fn peer_private_data(&self) -> &[u8] {
         &self.peer_private_data
+    }
+
+    /// The connection parameters of the peer's request or answer (its queue pair number, its
+    /// RDMA READ / atomic depths, retry counts).
+    pub fn peer_conn_param(&self) -> Option<&PeerConnParam> {
+        self.peer_param.as_ref()
     }
 
     /// The local address.
@@ -401,8 +410,13 @@ impl RawConnection {
     }
 
     /// Disconnects (or answers the peer's disconnect), waits for the `DISCONNECTED` event
-    /// (up to the setup's step timeout), then closes the queue pair: outstanding operations
-    /// resolve, flushed, before this returns.
+    /// (up to the setup's step timeout: a peer that answers disconnects late, such as a C
+    /// program that only does so when it exits, holds this up to that long), then closes the
+    /// queue pair: outstanding operations resolve, flushed, before this returns.
+    ///
+    /// Let the side with unacknowledged work disconnect last: a disconnect moves the peer's
+    /// queue pair to the error state, and a send of yours that the device has not yet seen
+    /// acknowledged then fails (flushed) even if the peer received it.
     ///
     /// # Errors
     ///

@@ -321,7 +321,7 @@ impl RawAccepting {
             setup,
             qp,
             pd,
-            request.private_data,
+            (request.private_data, request.param),
             peer_gone,
             opts.timeout,
         ))
