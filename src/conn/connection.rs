@@ -17,7 +17,7 @@ use super::raw::RawConnection;
 use super::setup;
 use super::shared::ConnShared;
 use super::stream::RdmaStream;
-use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess};
+use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, PoolMetrics, RemoteAccess};
 use crate::driver::AsyncQp;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
@@ -78,6 +78,14 @@ pub struct ConnStats {
     /// Bytes of the connection's private message buffers in use now (posted receives,
     /// received data the application still holds, sends in flight).
     pub buffer_bytes_in_use: u64,
+    /// The connection's private receive pool, registered once at setup:
+    /// `(2 x recv_credits + 3)` buffers of `recv_buf_size` bytes (posted receives, as many
+    /// again held by the application, and the control receives). Its `bytes_registered` is
+    /// the registered receive memory of this connection (pages rounded up).
+    pub recv_pool: PoolMetrics,
+    /// The connection's send staging pool, registered once at setup: `(send_credits + 1)`
+    /// buffers of the peer's receive buffer size.
+    pub staging_pool: PoolMetrics,
 }
 
 /// A connection whose receives are posted, waiting for the CM handshake to complete.
@@ -303,6 +311,8 @@ impl Connection {
             protocol,
             recv_bytes_held: held,
             buffer_bytes_in_use: self.shared.io.buffer_bytes_in_use(),
+            recv_pool: self.shared.io.pool().metrics(),
+            staging_pool: self.shared.io.staging().metrics(),
         }
     }
 
