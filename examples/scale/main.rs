@@ -327,6 +327,11 @@ fn registered(conns: &[Connection]) -> (u64, u64) {
 
 #[tokio::main]
 async fn main() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .init();
+    }
     let args = Args::parse();
     match run(args).await {
         Ok(()) => {}
