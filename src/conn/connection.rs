@@ -183,7 +183,7 @@ impl Connection {
                 staging,
                 recv_size: negotiated.recv_buf_size as usize,
                 max_inline: qp.caps().max_inline_data as usize,
-                sq_budget: setup::SINK_SENDS,
+                sq_budget: setup::sink_sends(opts),
                 staging_count,
             },
             ConnProto::new(cfg, Instant::now()),
