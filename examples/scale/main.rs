@@ -291,12 +291,25 @@ async fn traffic(
     })
 }
 
-/// Closes every connection: clients close, servers see the end of stream, then close.
+/// Closes every connection both ways: a client half-closes, its server sees the end of stream
+/// and closes, the client sees the server's end of stream and closes. (A client that closed
+/// at once would tear its queue pair down while the server's `Close` is still on its way:
+/// under load the server's `close` then fails with a transport error, see docs/benchmarks.md.)
 async fn teardown(clients: Vec<Connection>, servers: Vec<Connection>) -> Result<f64, String> {
     let start = Instant::now();
     let mut set = JoinSet::new();
     for c in clients {
-        set.spawn(async move { c.close().await.map_err(|e| format!("client close: {e}")) });
+        set.spawn(async move {
+            c.shutdown()
+                .await
+                .map_err(|e| format!("client shutdown: {e}"))?;
+            match c.recv().await {
+                Ok(None) => {}
+                Ok(Some(_)) => return Err("client: a message after the last one".to_string()),
+                Err(e) => return Err(format!("client recv at close: {e}")),
+            }
+            c.close().await.map_err(|e| format!("client close: {e}"))
+        });
     }
     for s in servers {
         set.spawn(async move {
