@@ -22,7 +22,7 @@ pub(crate) fn raise_fd_limit() -> (u64, u64) {
             }
         }
     }
-    (lim.rlim_cur as u64, lim.rlim_max as u64)
+    (lim.rlim_cur, lim.rlim_max)
 }
 
 /// Resident memory of this process, from /proc.
