@@ -37,7 +37,8 @@ pub struct EndpointOptions {
     /// How a waiting future behaves (default: adaptive hybrid polling).
     pub completion_mode: CompletionMode,
     /// Completion queue entries: bounds the sum of the queue depths of all connections on the
-    /// endpoint (about 330 per connection with default options). `None` (the default): the
+    /// endpoint (186 per connection with default options, see `docs/connections.md`; 32,767
+    /// entries, rxe's `max_cqe`, take 176 such connections). `None` (the default): the
     /// device's `max_cqe`, at most 65,536.
     pub cq_size: Option<u32>,
     /// Completions taken per poll of the completion queue (default 32).

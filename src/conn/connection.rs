@@ -18,7 +18,7 @@ use super::raw::RawConnection;
 use super::setup;
 use super::shared::ConnShared;
 use super::stream::RdmaStream;
-use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, RemoteAccess};
+use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, PoolMetrics, RemoteAccess};
 use crate::driver::AsyncQp;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
@@ -86,6 +86,14 @@ pub struct ConnStats {
     /// Message bytes sent straight from the application's registered memory
     /// ([`send_bytes`](Connection::send_bytes), [`send_buf`](Connection::send_buf)).
     pub send_bytes_zero_copy: u64,
+    /// The connection's private receive pool, registered once at setup:
+    /// `(2 x recv_credits + 3)` buffers of `recv_buf_size` bytes (posted receives, as many
+    /// again held by the application, and the control receives). Its `bytes_registered` is
+    /// the registered receive memory of this connection (pages rounded up).
+    pub recv_pool: PoolMetrics,
+    /// The connection's send staging pool, registered once at setup: `(send_credits + 1)`
+    /// buffers of the peer's receive buffer size.
+    pub staging_pool: PoolMetrics,
 }
 
 /// A connection whose receives are posted, waiting for the CM handshake to complete.
@@ -183,7 +191,7 @@ impl Connection {
                 staging,
                 recv_size: negotiated.recv_buf_size as usize,
                 max_inline: qp.caps().max_inline_data as usize,
-                sq_budget: setup::SINK_SENDS,
+                sq_budget: setup::sink_sends(opts),
                 staging_count,
             },
             ConnProto::new(cfg, Instant::now()),
@@ -355,6 +363,8 @@ impl Connection {
             send_bytes_inline: sent.inline.load(Ordering::Relaxed),
             send_bytes_copied: sent.staged.load(Ordering::Relaxed),
             send_bytes_zero_copy: sent.zero_copy.load(Ordering::Relaxed),
+            recv_pool: self.shared.io.pool().metrics(),
+            staging_pool: self.shared.io.staging().metrics(),
         }
     }
 

@@ -25,8 +25,14 @@ use crate::verbs::{AccessFlags, CmId, Context, ProtectionDomain, QpCaps};
 const RNR_RETRY: u8 = 7;
 
 /// Send-queue entries for the connection's message sends (data chunks and control messages,
-/// until retired by a signaled completion): room for two windows of the default 64 credits.
-pub(crate) const SINK_SENDS: u32 = 2 * 64 + 2 * CONTROL_RECVS;
+/// until retired by a signaled completion): room for two windows of this side's
+/// `recv_credits` (a client creates its queue pair before it learns the peer's credits; with
+/// the same options on both sides they are the peer's too), at most two windows of 64.
+/// Every entry is also reserved in the endpoint's completion queue (a failed queue pair
+/// flushes every request), so this share bounds how many connections one endpoint carries.
+pub(crate) fn sink_sends(opts: &ConnectOptions) -> u32 {
+    2 * opts.params.recv_credits.min(64) + 2 * CONTROL_RECVS
+}
 
 /// Where a connection's endpoint (completion queue, driver) comes from.
 #[derive(Debug, Clone)]
@@ -90,7 +96,7 @@ fn queue_entries(opts: &ConnectOptions) -> u32 {
 
 fn send_depth(opts: &ConnectOptions) -> u32 {
     // One-sided operations (the driver's table), plus the connection's own message sends.
-    opts.send_queue_depth.max(2) + SINK_SENDS
+    opts.send_queue_depth.max(2) + sink_sends(opts)
 }
 
 fn recv_depth(opts: &ConnectOptions) -> u32 {
@@ -119,7 +125,7 @@ fn raw_options(opts: &ConnectOptions, timeout: Duration) -> Result<RawOptions> {
         // The connection submits under its state machine's lock to keep the wire order:
         // every operation posts on its first poll.
         coalesce: false,
-        sink_sends: SINK_SENDS,
+        sink_sends: sink_sends(opts),
         ..QpOptions::default()
     };
     // Least privilege: the queue pair admits remote READ/WRITE (and atomics) only if this side

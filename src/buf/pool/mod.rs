@@ -160,7 +160,7 @@ impl PoolConfig {
 /// println!("{} of {} bytes in use", m.bytes_in_use, m.bytes_registered);
 /// # }
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolMetrics {
     /// Bytes registered with the device (whole mappings, including rounding).
