@@ -125,9 +125,10 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     })
     .await;
     if drained.is_err() {
-        let n = io.abandon_unflushed();
+        let (recvs, sends) = io.abandon_unflushed();
         warn!(
-            abandoned = n,
+            recvs,
+            sends,
             "work requests did not flush within {DRAIN_LIMIT:?}; the queue pair is in the error \
              state (it processes nothing): their buffers are released"
         );

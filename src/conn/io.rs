@@ -89,7 +89,9 @@ pub(crate) struct SendBytes {
 pub(crate) struct ConnState {
     pub(crate) proto: Proto,
     /// Receives on the device, in posting order (their completions come in that order).
-    recvs: VecDeque<PoolBuf>,
+    /// `None`: the drain marker receive (posted after a failure, see
+    /// [`ConnIo::post_drain_marker`]).
+    recvs: VecDeque<Option<PoolBuf>>,
     next_recv: u32,
     /// Sends on the device, in posting order, with their sequence numbers.
     sends: VecDeque<(u32, Sent)>,
@@ -209,8 +211,12 @@ impl ConnIo {
     /// After the queue pair was moved to the error state: posts a signaled zero-length send
     /// whose flush completion retires every send still in the ring (those that completed
     /// unsignaled before the failure would otherwise hold their staging buffers).
+    ///
+    /// Likewise a zero-length receive after the receives still posted: posting on a queue pair
+    /// in the error state makes soft-RoCE run its flush of that queue again.
     pub(crate) fn post_drain_marker(&self) {
         let mut s = self.lock();
+        self.post_recv_marker(&mut s);
         if s.sends.is_empty() {
             return;
         }
@@ -225,6 +231,23 @@ impl ConnIo {
             Err(e) => {
                 warn!(error = %e, "posting the drain marker failed; staging buffers stay held until the connection is dropped")
             }
+        }
+    }
+
+    fn post_recv_marker(&self, s: &mut ConnState) {
+        if s.recvs.is_empty() {
+            return;
+        }
+        let seq = s.next_recv;
+        let wr = RecvWr::new(self.wr_base | u64::from(seq), &[]);
+        // SAFETY: a zero-length receive names no memory.
+        match unsafe { self.qp.post_recv(&[wr]) } {
+            Ok(()) => {
+                s.next_recv = (seq + 1) & !SEND_BIT;
+                s.recvs.push_back(None);
+            }
+            // The receive queue is full of unflushed requests: the drain limit applies.
+            Err(e) => tracing::debug!(error = %e, "posting a receive drain marker failed"),
         }
     }
 
@@ -436,7 +459,7 @@ impl ConnIo {
             (Some(_), None) => true,
             _ => false,
         };
-        let teardown = s.draining && s.recvs.is_empty() && s.sends.is_empty();
+        let teardown = s.draining && Self::outstanding(s) == 0;
         if teardown {
             self.drained.notify_one();
         }
@@ -459,7 +482,7 @@ impl ConnIo {
             match unsafe { self.qp.post_recv(&[wr]) } {
                 Ok(()) => {
                     s.next_recv = (seq + 1) & !SEND_BIT;
-                    s.recvs.push_back(buf);
+                    s.recvs.push_back(Some(buf));
                     posted += 1;
                 }
                 Err(e) => {
@@ -477,13 +500,21 @@ impl ConnIo {
     /// Gives up on requests the device never flushed (seen on rxe under packet duplication: a
     /// receive it was filling when the queue pair failed gets no flush completion). Call only
     /// with the queue pair in the error state, which processes nothing, after waiting for the
-    /// flushes: their buffers go back to the pools. Returns how many were abandoned.
-    pub(crate) fn abandon_unflushed(&self) -> usize {
+    /// flushes: their buffers go back to the pools. Returns how many receives and sends were
+    /// abandoned.
+    pub(crate) fn abandon_unflushed(&self) -> (usize, usize) {
         let (recvs, sends) = {
             let mut s = self.lock();
             (std::mem::take(&mut s.recvs), std::mem::take(&mut s.sends))
         };
-        recvs.len() + sends.len()
+        // What held something (drain markers hold nothing).
+        (
+            recvs.iter().filter(|r| r.is_some()).count(),
+            sends
+                .iter()
+                .filter(|(_, sent)| !matches!(sent, Sent::Marker))
+                .count(),
+        )
     }
 
     /// How often the state may have changed so far (see `changes`).
@@ -491,9 +522,16 @@ impl ConnIo {
         self.changes.load(Ordering::Acquire)
     }
 
-    /// Receives and sends still on the device.
+    /// Receives and sends still on the device that hold something (a buffer, a control
+    /// message to report): the drain markers do not count. Soft-RoCE's flush of a queue in the
+    /// error state can stop one request short of its end; the marker posted last is that one,
+    /// and nothing waits for it.
     pub(crate) fn outstanding(s: &ConnState) -> usize {
-        s.recvs.len() + s.sends.len()
+        s.recvs.iter().filter(|r| r.is_some()).count()
+            + s.sends
+                .iter()
+                .filter(|(_, sent)| !matches!(sent, Sent::Marker))
+                .count()
     }
 
     /// Wakes the tasks waiting for send-queue room.
@@ -550,21 +588,24 @@ impl Sink for ConnIo {
         self.changes.fetch_add(1, Ordering::Release);
         let was_failed = s.proto.failure().is_some();
         if local & SEND_BIT == 0 {
-            let Some(buf) = s.recvs.pop_front() else {
+            let Some(entry) = s.recvs.pop_front() else {
                 warn!(local, "a receive completion with no receive posted");
                 return None;
             };
             let seq = s.next_recv.wrapping_sub(s.recvs.len() as u32 + 1) & !SEND_BIT;
             debug_assert_eq!(seq, local, "receive completions come in posting order");
-            if ok {
-                s.proto.heard(now);
+            // The drain marker's flush carries nothing for the state machine.
+            if let Some(buf) = entry {
+                if ok {
+                    s.proto.heard(now);
+                }
+                let res = if ok {
+                    Ok((cqe.byte_len, cqe.imm))
+                } else {
+                    Err(cause_of(cqe, qp_failure))
+                };
+                s.proto.handle_recv(res, buf);
             }
-            let res = if ok {
-                Ok((cqe.byte_len, cqe.imm))
-            } else {
-                Err(cause_of(cqe, qp_failure))
-            };
-            s.proto.handle_recv(res, buf);
         } else {
             let seq = local & !SEND_BIT;
             if !s.sends.iter().any(|(q, _)| *q == seq) {

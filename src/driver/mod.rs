@@ -269,8 +269,12 @@ impl Driver {
             if *budget + need > cap {
                 return Err(Error::InvalidArgument(format!(
                     "completion queue of {cap} entries cannot take another queue pair of depth {need} \
-                     ({} already used): raise DriverOptions::cq_size",
-                    *budget
+                     ({} already used; every queue pair reserves its send and receive depths): \
+                     raise EndpointOptions::cq_size (or DriverOptions::cq_size) up to the \
+                     device's max_cqe {}, use shallower queues (ConnectOptions::recv_credits, \
+                     send_queue_depth), or open another Endpoint on the device",
+                    *budget,
+                    self.context().device_attr().max_cqe
                 )));
             }
             *budget += need;
