@@ -2,6 +2,8 @@
 //! HDR histogram.
 #![allow(dead_code, clippy::print_stdout, unreachable_pub)]
 
+pub mod proc_stats;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::proc_stats;
+
 /// A side of the pair: `A` (listens, and requests most faults) or `B`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -223,42 +225,11 @@ pub fn counter_delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u6
     s.join(" ")
 }
 
-/// `rdma resource show` counts of rxe0 (qp, cq, mr, pd, cm_id).
+/// `rdma resource show` counts of rxe0: qp, cq, mr, pd, cm_id.
 pub fn resource_counts() -> Result<BTreeMap<String, u64>, String> {
-    let out = std::process::Command::new("rdma")
-        .args(["resource", "show"])
-        .output()
-        .map_err(|e| format!("run rdma resource show: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some("rxe0:"))
-        .ok_or_else(|| format!("no rxe0 in `rdma resource show`: {text}"))?;
-    let tokens: Vec<&str> = line.split_whitespace().collect();
-    let mut counts = BTreeMap::new();
-    for w in tokens.windows(2) {
-        if let Ok(n) = w[1].parse::<u64>() {
-            if ["qp", "cq", "mr", "pd", "cm_id"].contains(&w[0]) {
-                counts.insert(w[0].to_string(), n);
-            }
-        }
-    }
-    if counts.len() != 5 {
-        return Err(format!("incomplete counts in {line:?}"));
-    }
-    Ok(counts)
+    let mut c = proc_stats::resource_counts("rxe0")?;
+    c.retain(|k, _| ["qp", "cq", "mr", "pd", "cm_id"].contains(&k.as_str()));
+    Ok(c)
 }
 
-/// Resident memory of this process, from /proc.
-pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
-}
+pub use proc_stats::rss_bytes;

@@ -14,6 +14,9 @@
 
 mod ctl;
 mod outage;
+#[path = "../common/proc_stats.rs"]
+#[allow(dead_code, reason = "fault_peer uses part of it")]
+mod proc_stats;
 mod scenarios;
 mod stream;
 

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use sys::{Report, fd_count, hw_counters, raise_fd_limit, resource_counts, rss_bytes};
+use common::proc_stats::{fd_count, resource_counts, rss_bytes};
+use sys::{Report, hw_counters, raise_fd_limit};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_rdma::conn::{ConnectOptions, Connection};

@@ -25,51 +25,6 @@ pub(crate) fn raise_fd_limit() -> (u64, u64) {
     (lim.rlim_cur, lim.rlim_max)
 }
 
-/// Resident memory of this process, from /proc.
-pub(crate) fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
-}
-
-/// Open file descriptors of this process.
-pub(crate) fn fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
-}
-
-/// `rdma resource show` counts of `dev` (qp, cq, mr, pd, cm_id, ...).
-pub(crate) fn resource_counts(dev: &str) -> Result<BTreeMap<String, u64>, String> {
-    let out = std::process::Command::new("rdma")
-        .args(["resource", "show"])
-        .output()
-        .map_err(|e| format!("run `rdma resource show` (iproute2): {e}"))?;
-    if !out.status.success() {
-        return Err(format!("rdma resource show: {out:?}"));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{dev}:")))
-        .ok_or_else(|| format!("no {dev} in `rdma resource show`:\n{text}"))?;
-    let tokens: Vec<&str> = line.split_whitespace().collect();
-    let mut counts = BTreeMap::new();
-    for w in tokens.windows(2) {
-        if let Ok(n) = w[1].parse::<u64>() {
-            if w[0].chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-                counts.insert(w[0].to_string(), n);
-            }
-        }
-    }
-    Ok(counts)
-}
-
 /// The device's port-1 hw_counters (rxe: RNR NAKs sent and received, retries, duplicates...);
 /// empty if it has none.
 pub(crate) fn hw_counters(dev: &str) -> BTreeMap<String, u64> {

@@ -347,9 +347,8 @@ impl ConnIo {
             counters
                 .zero_copy
                 .fetch_add(held.len() as u64, Ordering::Relaxed);
-            // SAFETY: `held` is in memory registered in this queue pair's protection domain
-            // (`lkey`, checked by the caller); the `Bytes` are immutable and stay in `sends`
-            // until this send is retired by a completion.
+            // SAFETY: `held` is registered in this QP's domain (`lkey`, checked by the caller),
+            // immutable, and stays in `sends` until this send is retired by a completion.
             let r = unsafe { self.qp.post_send(&[wr]) };
             (Sent::Data(Held::User(held)), r)
         } else {

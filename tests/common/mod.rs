@@ -10,6 +10,9 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+#[path = "../../examples/common/proc_stats.rs"]
+pub mod proc_stats;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -193,40 +196,10 @@ pub fn init_tracing() {
 
 /// `rdma resource show` counts of the device under test (qp, cq, mr, pd, cm_id, ...).
 pub fn resource_counts() -> BTreeMap<String, u64> {
-    let dev = device_name();
-    let out = std::process::Command::new("rdma")
-        .args(["resource", "show"])
-        .output()
-        .expect("run `rdma resource show` (iproute2)");
-    assert!(out.status.success(), "rdma resource show: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{dev}:")))
-        .unwrap_or_else(|| panic!("no {dev} in `rdma resource show`:\n{text}"));
-    let tokens: Vec<&str> = line.split_whitespace().collect();
-    let mut counts = BTreeMap::new();
-    for w in tokens.windows(2) {
-        if let Ok(n) = w[1].parse::<u64>() {
-            if w[0].chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-                counts.insert(w[0].to_string(), n);
-            }
-        }
-    }
-    for key in ["qp", "cq", "mr", "pd", "cm_id"] {
-        assert!(counts.contains_key(key), "no {key} count in {line:?}");
-    }
-    counts
+    proc_stats::resource_counts(&device_name()).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Resident memory of this process, from /proc.
+/// Resident memory of this process.
 pub fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kb * 1024
+    proc_stats::rss_bytes()
 }
