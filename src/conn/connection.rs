@@ -351,18 +351,17 @@ impl Connection {
 
     /// Counters of this connection.
     pub fn stats(&self) -> ConnStats {
-        let (protocol, held) = {
+        let (protocol, held, sent) = {
             let s = self.shared.io.lock();
-            (s.proto.counters(), s.proto.held().0)
+            (s.proto.counters(), s.proto.held().0, s.sent_bytes)
         };
-        let sent = &self.shared.io.sent_bytes;
         ConnStats {
             protocol,
             recv_bytes_held: held,
             buffer_bytes_in_use: self.shared.io.buffer_bytes_in_use(),
-            send_bytes_inline: sent.inline.load(Ordering::Relaxed),
-            send_bytes_copied: sent.staged.load(Ordering::Relaxed),
-            send_bytes_zero_copy: sent.zero_copy.load(Ordering::Relaxed),
+            send_bytes_inline: sent.inline,
+            send_bytes_copied: sent.staged,
+            send_bytes_zero_copy: sent.zero_copy,
             recv_pool: self.shared.io.pool().metrics(),
             staging_pool: self.shared.io.staging().metrics(),
         }

@@ -76,18 +76,21 @@ impl Source<'_> {
     }
 }
 
-/// How a connection's sent bytes left: counters for [`ConnStats`](super::ConnStats).
-#[derive(Debug, Default)]
+/// How a connection's sent bytes left: counters for [`ConnStats`](super::ConnStats), kept
+/// under the connection's lock (the sends that count them hold it).
+#[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct SendBytes {
-    pub(crate) inline: AtomicU64,
-    pub(crate) staged: AtomicU64,
-    pub(crate) zero_copy: AtomicU64,
+    pub(crate) inline: u64,
+    pub(crate) staged: u64,
+    pub(crate) zero_copy: u64,
 }
 
 /// Everything behind the connection's lock.
 #[derive(Debug)]
 pub(crate) struct ConnState {
     pub(crate) proto: Proto,
+    /// How the data bytes were sent.
+    pub(crate) sent_bytes: SendBytes,
     /// Receives on the device, in posting order (their completions come in that order).
     /// `None`: the drain marker receive (posted after a failure, see
     /// [`ConnIo::post_drain_marker`]).
@@ -139,8 +142,6 @@ pub(crate) struct ConnIo {
     /// every buffer back.
     pub(crate) torn_down: std::sync::atomic::AtomicBool,
     pub(crate) done: Notify,
-    /// How the data bytes were sent.
-    pub(crate) sent_bytes: SendBytes,
     /// The application's bytes of retired zero-copy sends, dropped once the connection's lock
     /// is released: the last reference to a forwarded [`Message`](super::Message) re-posts its
     /// receive, which takes that lock.
@@ -166,6 +167,7 @@ impl ConnIo {
         ConnIo {
             state: Mutex::new(ConnState {
                 proto,
+                sent_bytes: SendBytes::default(),
                 recvs: VecDeque::new(),
                 next_recv: 0,
                 sends: VecDeque::new(),
@@ -191,7 +193,6 @@ impl ConnIo {
             changes: AtomicU64::new(0),
             torn_down: std::sync::atomic::AtomicBool::new(false),
             done: Notify::new(),
-            sent_bytes: SendBytes::default(),
             retired: Mutex::new(Vec::with_capacity(sq_budget as usize)),
         }
     }
@@ -307,7 +308,6 @@ impl ConnIo {
         let seq = s.next_send;
         let wr_id = self.wr_base | u64::from(SEND_BIT | seq);
         let op = SendOp::SendWithImm(chunk.imm);
-        let counters = &self.sent_bytes;
         let (sent, posted) = if bytes.len() <= self.max_inline {
             let sges;
             let list: &[Sge] = if bytes.is_empty() {
@@ -323,9 +323,7 @@ impl ConnIo {
                 signaled,
                 ..SendWr::new(wr_id, op, list)
             };
-            counters
-                .inline
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            s.sent_bytes.inline += bytes.len() as u64;
             // SAFETY: an inline payload is copied during the call; `bytes` outlives it.
             (Sent::Data(Held::Inline), unsafe {
                 self.qp.post_send(&[wr])
@@ -344,9 +342,7 @@ impl ConnIo {
                 signaled,
                 ..SendWr::new(wr_id, op, &sge)
             };
-            counters
-                .zero_copy
-                .fetch_add(held.len() as u64, Ordering::Relaxed);
+            s.sent_bytes.zero_copy += held.len() as u64;
             // SAFETY: `held` is registered in this QP's domain (`lkey`, checked by the caller),
             // immutable, and stays in `sends` until this send is retired by a completion.
             let r = unsafe { self.qp.post_send(&[wr]) };
@@ -363,9 +359,7 @@ impl ConnIo {
                 signaled,
                 ..SendWr::new(wr_id, op, &sge)
             };
-            counters
-                .staged
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            s.sent_bytes.staged += bytes.len() as u64;
             // SAFETY: the staging buffer is registered in this queue pair's protection domain
             // and stays in `sends` (untouched) until this send is retired by a completion.
             let r = unsafe { self.qp.post_send(&[wr]) };
@@ -586,6 +580,7 @@ impl Sink for ConnIo {
         let mut s = self.lock();
         self.changes.fetch_add(1, Ordering::Release);
         let was_failed = s.proto.failure().is_some();
+        let mut retired_any = false;
         if local & SEND_BIT == 0 {
             let Some(entry) = s.recvs.pop_front() else {
                 warn!(local, "a receive completion with no receive posted");
@@ -624,6 +619,7 @@ impl Sink for ConnIo {
                     Sent::Control(kind) => s.proto.handle_control_done(kind, res, now),
                     Sent::Data(held) => {
                         if let Held::User(b) = held {
+                            retired_any = true;
                             self.retired
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
@@ -654,7 +650,9 @@ impl Sink for ConnIo {
             Self::wake_sq(&mut s, wake);
         }
         drop(s);
-        self.drop_retired();
+        if retired_any {
+            self.drop_retired();
+        }
         if kick || newly_failed {
             self.kick.notify_one();
         }
