@@ -14,6 +14,9 @@ use std::net::SocketAddr;
 use crate::verbs::QpState;
 
 mod hint;
+mod protocol;
+
+pub use protocol::ProtocolError;
 
 pub(crate) use hint::is_loopback;
 use hint::{Call, cause, event_hint};
@@ -619,79 +622,6 @@ pub enum QpFailure {
     /// path to it) is dead although no disconnect arrived.
     #[error("the peer did not answer a keepalive within {0:?}")]
     KeepaliveTimeout(std::time::Duration),
-}
-
-/// How a peer broke the connection protocol. Carried by [`QpFailure::Protocol`] (detected
-/// locally) and [`QpFailure::PeerReported`] (the peer's verdict on this side).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
-#[non_exhaustive]
-pub enum ProtocolError {
-    /// A message arrived without immediate data (every message of the protocol has a header
-    /// there).
-    #[error("a message arrived without immediate data")]
-    NoImmediate,
-    /// The header names an unknown message kind or sets reserved bits.
-    #[error("malformed message header {0:#010x}")]
-    BadHeader(u32),
-    /// A data message consumed the receive the peer must keep for control messages: it sent
-    /// more than its credits.
-    #[error("the peer sent data beyond its credits")]
-    CreditOverrun,
-    /// A message grew past the negotiated maximum message size.
-    #[error("a message exceeded the negotiated maximum of {0} bytes")]
-    MessageTooLarge(u64),
-    /// A control message (credit, close, abort) carried a payload.
-    #[error("a control message carried {0} payload bytes")]
-    ControlWithPayload(u32),
-    /// An abort arrived with no message in progress.
-    #[error("an abort arrived with no message in progress")]
-    StrayAbort,
-    /// End of stream arrived in the middle of a message.
-    #[error("the peer closed in the middle of a message")]
-    CloseMidMessage,
-    /// A message arrived after the peer's end of stream.
-    #[error("a message arrived after end of stream")]
-    DataAfterClose,
-    /// The peer returned more credits than this side ever granted.
-    #[error("the peer returned more credits than were granted")]
-    CreditInflation,
-    /// An error code this version does not know (the peer's report).
-    #[error("unknown protocol error code {0}")]
-    Unknown(u16),
-}
-
-impl ProtocolError {
-    /// The code carried on the wire in an error message.
-    pub fn code(self) -> u16 {
-        match self {
-            ProtocolError::NoImmediate => 1,
-            ProtocolError::BadHeader(_) => 2,
-            ProtocolError::CreditOverrun => 3,
-            ProtocolError::MessageTooLarge(_) => 4,
-            ProtocolError::ControlWithPayload(_) => 5,
-            ProtocolError::StrayAbort => 6,
-            ProtocolError::CloseMidMessage => 7,
-            ProtocolError::DataAfterClose => 8,
-            ProtocolError::CreditInflation => 9,
-            ProtocolError::Unknown(c) => c,
-        }
-    }
-
-    /// The error for a code received on the wire (details such as limits are not carried).
-    pub fn from_code(code: u16) -> ProtocolError {
-        match code {
-            1 => ProtocolError::NoImmediate,
-            2 => ProtocolError::BadHeader(0),
-            3 => ProtocolError::CreditOverrun,
-            4 => ProtocolError::MessageTooLarge(0),
-            5 => ProtocolError::ControlWithPayload(0),
-            6 => ProtocolError::StrayAbort,
-            7 => ProtocolError::CloseMidMessage,
-            8 => ProtocolError::DataAfterClose,
-            9 => ProtocolError::CreditInflation,
-            c => ProtocolError::Unknown(c),
-        }
-    }
 }
 
 impl Error {

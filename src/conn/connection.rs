@@ -96,6 +96,16 @@ pub struct ConnStats {
     pub staging_pool: PoolMetrics,
 }
 
+/// The largest RDMA READ to post at once: the device's largest message (ports of one device
+/// share it in practice; port 1 is asked), at most 1 GiB.
+fn max_read(pd: &ProtectionDomain) -> u64 {
+    let device = pd
+        .context()
+        .query_port(1)
+        .map_or(u64::MAX, |p| u64::from(p.max_msg_sz));
+    device.clamp(4096, 1 << 30)
+}
+
 /// A connection whose receives are posted, waiting for the CM handshake to complete.
 pub(crate) struct Starting {
     io: Arc<ConnIo>,
@@ -177,6 +187,7 @@ impl Connection {
             recv_budget: opts.recv_budget.max(negotiated.max_message_size),
             keepalive: opts.keepalive,
             keepalive_timeout: opts.keepalive_timeout,
+            rendezvous: negotiated.rendezvous,
         };
         let staging_count = negotiated.send_credits + 1;
         let staging = Pool::with_pd(
@@ -193,6 +204,8 @@ impl Connection {
                 max_inline: qp.caps().max_inline_data as usize,
                 sq_budget: setup::sink_sends(opts),
                 staging_count,
+                max_read: max_read(pd),
+                rdv_threshold: opts.rendezvous_threshold,
             },
             ConnProto::new(cfg, Instant::now()),
         ));

@@ -91,12 +91,16 @@ impl Flags {
     pub const ONE_SIDED: Flags = Flags(1 << 0);
     /// This side grants remote memory for atomics.
     pub const ATOMICS: Flags = Flags(1 << 1);
+    /// This side takes part in rendezvous: it may send a large message as a descriptor of
+    /// its memory for the peer to RDMA READ, and reads the messages the peer sends that way.
+    /// Used when both sides set it.
+    pub const RENDEZVOUS: Flags = Flags(1 << 2);
     /// This side needs the peer to offer [`ONE_SIDED`](Self::ONE_SIDED).
     pub const REQUIRE_ONE_SIDED: Flags = Flags(1 << 8);
     /// This side needs the peer to offer [`ATOMICS`](Self::ATOMICS).
     pub const REQUIRE_ATOMICS: Flags = Flags(1 << 9);
     /// Every bit this version defines.
-    pub const KNOWN: Flags = Flags(0x0303);
+    pub const KNOWN: Flags = Flags(0x0307);
 
     /// The raw bits.
     pub const fn bits(self) -> u16 {
@@ -130,6 +134,7 @@ impl fmt::Debug for Flags {
         let names = [
             (Flags::ONE_SIDED, "ONE_SIDED"),
             (Flags::ATOMICS, "ATOMICS"),
+            (Flags::RENDEZVOUS, "RENDEZVOUS"),
             (Flags::REQUIRE_ONE_SIDED, "REQUIRE_ONE_SIDED"),
             (Flags::REQUIRE_ATOMICS, "REQUIRE_ATOMICS"),
         ];
@@ -508,6 +513,9 @@ pub struct Negotiated {
     pub peer_one_sided: bool,
     /// The peer offers atomics: this side may run atomics on memory the peer grants.
     pub peer_atomics: bool,
+    /// Both sides take part in rendezvous: large messages may go as descriptors the
+    /// receiver reads from.
+    pub rendezvous: bool,
 }
 
 /// Computes the effective parameters of a connection from this side's announcement (`local`)
@@ -554,6 +562,7 @@ pub fn negotiate(local: &Params, remote: &Params) -> Result<Negotiated, Handshak
         atomics: both(Flags::ATOMICS),
         peer_one_sided: remote.flags.contains(Flags::ONE_SIDED),
         peer_atomics: remote.flags.contains(Flags::ATOMICS),
+        rendezvous: both(Flags::RENDEZVOUS),
     })
 }
 

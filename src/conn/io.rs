@@ -21,6 +21,7 @@ use tracing::{trace, warn};
 
 use bytes::Bytes;
 
+use super::rendezvous::{Fetch, RdvSource};
 use crate::buf::{Pool, PoolBuf};
 use crate::driver::{Deferred, Sink};
 use crate::error::{QpFailure, WcStatus};
@@ -36,7 +37,7 @@ const SEND_BIT: u32 = 1 << 31;
 
 /// A send on the device, until its completion (or a later signaled one) retires it.
 #[derive(Debug)]
-enum Sent {
+pub(crate) enum Sent {
     /// A data chunk; what it was sent from is released once retired.
     Data(Held),
     /// A control message, reported to the state machine when retired.
@@ -44,11 +45,17 @@ enum Sent {
     /// A zero-length signaled send posted after the queue pair failed: its flush retires every
     /// send before it (sends that completed unsignaled raise no completion of their own).
     Marker,
+    /// An RDMA READ of (a piece of) the rendezvous message being fetched into
+    /// [`ConnState::fetch`]; `last`: the piece that completes it.
+    Fetch {
+        /// The last piece.
+        last: bool,
+    },
 }
 
 /// The memory a data chunk was sent from, held until the send is retired.
 #[derive(Debug)]
-enum Held {
+pub(crate) enum Held {
     /// Sent inline: the device copied it at post time.
     Inline,
     /// Copied into a staging buffer of the connection's.
@@ -85,12 +92,32 @@ pub(crate) struct SendBytes {
     pub(crate) zero_copy: u64,
 }
 
+/// How a connection's received bytes reached the application: copied by the CPU (reassembly,
+/// a small message into [`recv_into`](super::Connection::recv_into)'s buffer) or read by the
+/// device straight into their destination (rendezvous).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RecvBytes {
+    pub(crate) copied: u64,
+    pub(crate) fetched: u64,
+}
+
 /// Everything behind the connection's lock.
 #[derive(Debug)]
 pub(crate) struct ConnState {
     pub(crate) proto: Proto,
     /// How the data bytes were sent.
     pub(crate) sent_bytes: SendBytes,
+    /// How the data bytes were received (beyond the protocol's reassembly copies).
+    pub(crate) recv_bytes: RecvBytes,
+    /// The rendezvous message being read, with its destination (kept here, not in the
+    /// future that started it, so the read completes into live memory and the message is
+    /// delivered even if that future is dropped).
+    pub(crate) fetch: Option<Fetch>,
+    /// The memory of this side's rendezvous messages, by rendezvous number, until the peer
+    /// read it.
+    pub(crate) rdv_held: Vec<(u16, RdvSource)>,
+    /// Hands out owner numbers to fetches.
+    pub(crate) next_owner: u64,
     /// Receives on the device, in posting order (their completions come in that order).
     /// `None`: the drain marker receive (posted after a failure, see
     /// [`ConnIo::post_drain_marker`]).
@@ -144,8 +171,21 @@ pub(crate) struct ConnIo {
     pub(crate) done: Notify,
     /// The application's bytes of retired zero-copy sends, dropped once the connection's lock
     /// is released: the last reference to a forwarded [`Message`](super::Message) re-posts its
-    /// receive, which takes that lock.
-    retired: Mutex<Vec<Bytes>>,
+    /// receive, which takes that lock. Also the memory of rendezvous messages the peer read
+    /// (deregistering takes a while: not under the lock either).
+    retired: Mutex<Vec<Retired>>,
+    has_retired: std::sync::atomic::AtomicBool,
+    /// The largest RDMA READ posted at once (a larger rendezvous message is read in pieces).
+    pub(crate) max_read: u64,
+    /// `send_bytes`/`send_buf` of at least this many bytes go by rendezvous (if negotiated).
+    pub(crate) rdv_threshold: Option<u64>,
+}
+
+/// What is released outside the connection's lock.
+#[derive(Debug)]
+pub(crate) enum Retired {
+    Bytes(#[allow(dead_code, reason = "held, never read")] Bytes),
+    Rendezvous(#[allow(dead_code, reason = "held, never read")] RdvSource),
 }
 
 /// Parameters of a [`ConnIo`].
@@ -159,6 +199,8 @@ pub(crate) struct IoConfig {
     pub(crate) max_inline: usize,
     pub(crate) sq_budget: u32,
     pub(crate) staging_count: u32,
+    pub(crate) max_read: u64,
+    pub(crate) rdv_threshold: Option<u64>,
 }
 
 impl ConnIo {
@@ -168,6 +210,10 @@ impl ConnIo {
             state: Mutex::new(ConnState {
                 proto,
                 sent_bytes: SendBytes::default(),
+                recv_bytes: RecvBytes::default(),
+                fetch: None,
+                rdv_held: Vec::new(),
+                next_owner: 0,
                 recvs: VecDeque::new(),
                 next_recv: 0,
                 sends: VecDeque::new(),
@@ -194,12 +240,26 @@ impl ConnIo {
             torn_down: std::sync::atomic::AtomicBool::new(false),
             done: Notify::new(),
             retired: Mutex::new(Vec::with_capacity(sq_budget as usize)),
+            has_retired: std::sync::atomic::AtomicBool::new(false),
+            max_read: cfg.max_read.max(1),
+            rdv_threshold: cfg.rdv_threshold,
         }
+    }
+
+    pub(crate) fn retire(&self, r: Retired) {
+        self.retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(r);
+        self.has_retired.store(true, Ordering::Release);
     }
 
     /// Drops the retired application bytes, outside the connection's lock (and outside the
     /// list's own lock, popping one at a time: the list keeps its capacity).
     fn drop_retired(&self) {
+        if !self.has_retired.swap(false, Ordering::AcqRel) {
+            return;
+        }
         loop {
             let b = self.retired.lock().unwrap_or_else(|e| e.into_inner()).pop();
             match b {
@@ -270,6 +330,7 @@ impl ConnIo {
             (r, kick)
         };
         wake.run();
+        self.drop_retired();
         if kick {
             self.kick.notify_one();
         }
@@ -279,13 +340,17 @@ impl ConnIo {
     /// Whether a send can be posted now (room in this side's share of the send queue);
     /// otherwise registers `waker` for when a completion makes room.
     pub(crate) fn sq_ready(&self, s: &mut ConnState, waker: &Waker) -> bool {
-        if (s.sends.len() as u32) < self.sq_budget {
+        if self.sq_room(s) {
             return true;
         }
         if !s.sq_waiters.iter().any(|w| w.will_wake(waker)) {
             s.sq_waiters.push(waker.clone());
         }
         false
+    }
+
+    pub(crate) fn sq_room(&self, s: &ConnState) -> bool {
+        (s.sends.len() as u32) < self.sq_budget
     }
 
     /// Whether a chunk of `len` bytes from `src` needs a staging buffer.
@@ -378,6 +443,46 @@ impl ConnIo {
         }
     }
 
+    /// Posts one signaled work request on the send queue, remembered as `sent` until its
+    /// completion. A failed post fails the connection and returns `false`.
+    pub(crate) fn post_send_entry(
+        &self,
+        s: &mut ConnState,
+        op: SendOp,
+        sges: &[Sge],
+        sent: Sent,
+    ) -> bool {
+        let seq = s.next_send;
+        let wr = SendWr::new(self.wr_base | u64::from(SEND_BIT | seq), op, sges);
+        // SAFETY: the callers' memory (a rendezvous destination in `ConnState::fetch`) stays
+        // registered and alive until this request's completion retires `sent`.
+        match unsafe { self.qp.post_send(&[wr]) } {
+            Ok(()) => {
+                s.next_send = (seq + 1) & !SEND_BIT;
+                s.sends.push_back((seq, sent));
+                s.unsignaled = 0;
+                s.staged_unsignaled = 0;
+                true
+            }
+            Err(e) => {
+                self.post_failed(s, &e);
+                false
+            }
+        }
+    }
+
+    /// Whether a rendezvous READ is on the device.
+    pub(crate) fn fetch_on_device(&self, s: &ConnState) -> bool {
+        s.sends.iter().any(|(_, sent)| matches!(sent, Sent::Fetch { .. }))
+    }
+
+    /// Wakes `waker` at the next send completion.
+    pub(crate) fn park_sq(&self, s: &mut ConnState, waker: &Waker) {
+        if !s.sq_waiters.iter().any(|w| w.will_wake(waker)) {
+            s.sq_waiters.push(waker.clone());
+        }
+    }
+
     /// The lkey under which `bytes` can be sent without copying: they lie in one of this
     /// connection's pools (`extra`: the application's pool of the connection, if made).
     pub(crate) fn lkey_of(&self, bytes: &[u8], extra: Option<&Pool>) -> Option<u32> {
@@ -417,30 +522,17 @@ impl ConnIo {
     /// than the one it sleeps until, missing buffers, a disconnect, or teardown progress).
     pub(crate) fn pump(&self, s: &mut ConnState, now: Instant, wake: &mut Deferred) -> bool {
         self.post_recvs(s);
+        self.post_fetch(s);
+        self.release_rendezvous(s);
         while (s.sends.len() as u32) < self.sq_budget {
             let Some(t) = s.proto.poll_transmit(now) else {
                 break;
             };
             trace!(kind = ?t.kind, imm = t.imm, "control message");
-            let seq = s.next_send;
-            let wr = SendWr::new(
-                self.wr_base | u64::from(SEND_BIT | seq),
-                SendOp::SendWithImm(t.imm),
-                &[],
-            );
             // Control messages are always signaled: their completion is reported.
-            // SAFETY: a zero-length send names no memory.
-            match unsafe { self.qp.post_send(&[wr]) } {
-                Ok(()) => {
-                    s.next_send = (seq + 1) & !SEND_BIT;
-                    s.sends.push_back((seq, Sent::Control(t.kind)));
-                    s.unsignaled = 0;
-                    s.staged_unsignaled = 0;
-                }
-                Err(e) => {
-                    self.post_failed(s, &e);
-                    break;
-                }
+            let op = SendOp::SendWithImm(t.imm);
+            if !self.post_send_entry(s, op, &[], Sent::Control(t.kind)) {
+                break;
             }
         }
         for w in s.proto.take_wakers() {
@@ -580,7 +672,6 @@ impl Sink for ConnIo {
         let mut s = self.lock();
         self.changes.fetch_add(1, Ordering::Release);
         let was_failed = s.proto.failure().is_some();
-        let mut retired_any = false;
         if local & SEND_BIT == 0 {
             let Some(entry) = s.recvs.pop_front() else {
                 warn!(local, "a receive completion with no receive posted");
@@ -616,14 +707,18 @@ impl Sink for ConnIo {
                 };
                 match sent {
                     Sent::Marker => {}
+                    Sent::Fetch { last } => {
+                        if last || res.is_err() {
+                            s.proto.fetch_done(res);
+                        }
+                        if last && ok {
+                            s.recv_bytes.fetched += s.fetch.as_ref().map_or(0, Fetch::len);
+                        }
+                    }
                     Sent::Control(kind) => s.proto.handle_control_done(kind, res, now),
                     Sent::Data(held) => {
                         if let Held::User(b) = held {
-                            retired_any = true;
-                            self.retired
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push(b);
+                            self.retire(Retired::Bytes(b));
                         }
                         match res {
                             Ok(()) => s.proto.heard(now),
@@ -650,9 +745,7 @@ impl Sink for ConnIo {
             Self::wake_sq(&mut s, wake);
         }
         drop(s);
-        if retired_any {
-            self.drop_retired();
-        }
+        self.drop_retired();
         if kick || newly_failed {
             self.kick.notify_one();
         }

@@ -8,6 +8,7 @@ use super::connection::Connection;
 use bytes::Bytes;
 
 use super::io::{ConnState, Source};
+use super::rendezvous::RdvSource;
 use super::shared::Message;
 use crate::buf::PoolBuf;
 use crate::driver::{WaitKind, Waiter};
@@ -53,7 +54,7 @@ impl Connection {
     /// the last chunk went out, the message is delivered whole. The connection stays usable
     /// in every case.
     pub async fn send(&self, msg: &[u8]) -> Result<()> {
-        self.send_from(Source::Copy(msg)).await
+        self.send_from(Source::Copy(msg), None).await
     }
 
     /// Sends `msg` like [`send`](Self::send), without copying it when its memory is
@@ -85,12 +86,17 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub async fn send_bytes(&self, msg: Bytes) -> Result<()> {
+        if self.by_rendezvous(msg.len()) {
+            let src = RdvSource::open(&self.shared.pd, msg)?;
+            let desc = src.descriptor();
+            return self.send_from(Source::Copy(&desc), Some(src)).await;
+        }
         let lkey = (msg.len() > self.shared.io.max_inline())
             .then(|| self.shared.io.lkey_of(&msg, self.user_pool.get()))
             .flatten();
         match lkey {
-            Some(lkey) => self.send_from(Source::Registered(&msg, lkey)).await,
-            None => self.send_from(Source::Copy(&msg)).await,
+            Some(lkey) => self.send_from(Source::Registered(&msg, lkey), None).await,
+            None => self.send_from(Source::Copy(&msg), None).await,
         }
     }
 
@@ -120,10 +126,16 @@ impl Connection {
         self.send_bytes(buf.freeze()).await
     }
 
-    async fn send_from(&self, src: Source<'_>) -> Result<()> {
+    /// Sends the message in `src`; with `rdv`, `src` is the descriptor of `rdv`'s message,
+    /// which goes by rendezvous (resolving once the peer read it).
+    async fn send_from(&self, src: Source<'_>, mut rdv: Option<RdvSource>) -> Result<()> {
         let msg = src.bytes();
         let io = &self.shared.io;
-        let id = io.with(|s| s.proto.start_send(msg.len() as u64))?;
+        let by_rdv = rdv.is_some();
+        let id = io.with(|s| match &rdv {
+            Some(r) => s.proto.start_send_rendezvous(r.len()),
+            None => s.proto.start_send(msg.len() as u64),
+        })?;
         let mut guard = SendGuard {
             conn: self,
             id,
@@ -155,6 +167,10 @@ impl Connection {
                     };
                     // Posted under the lock: the wire order is the hand-out order.
                     if io.post_chunk(s, chunk, src, &mut staging) {
+                        if let Some(seq) = chunk.rendezvous {
+                            let r = rdv.take().expect("one descriptor per rendezvous message");
+                            s.rdv_held.push((seq, r));
+                        }
                         Poll::Ready(Ok(chunk.last))
                     } else {
                         Poll::Ready(Err(Error::QpFailed(
@@ -167,6 +183,11 @@ impl Connection {
             if last {
                 break;
             }
+        }
+        if by_rdv {
+            // The descriptor is out: the send resolves once the peer read the message (the
+            // memory stays open until then even if this future is dropped).
+            wait.run(|s, cx| s.proto.poll_fetched(id, cx)).await?;
         }
         // Every chunk is on the device: the message is whole whatever happens to this future.
         guard.armed = false;
@@ -189,10 +210,7 @@ impl Connection {
     /// Cancel safe: a message leaves the connection only when this returns it; any number of
     /// tasks may wait at once.
     pub async fn recv(&self) -> Result<Option<Message>> {
-        let d = Progress::new(self)
-            .run(|s, cx| s.proto.poll_recv(cx))
-            .await?;
-        Ok(d.map(|d| Message::new(d, self.shared.io.clone())))
+        self.recv_message().await
     }
 }
 
@@ -209,19 +227,19 @@ impl Connection {
 /// the state, then polls the completion queue itself (the connection's completions go straight
 /// into its state machine) and looks again, then spins or sleeps as the endpoint's completion
 /// mode says. No task sits between a completion and the future that waits for it.
-struct Progress<'a> {
+pub(super) struct Progress<'a> {
     conn: &'a Connection,
     waiter: Waiter,
 }
 
 impl<'a> Progress<'a> {
-    fn new(conn: &'a Connection) -> Progress<'a> {
+    pub(super) fn new(conn: &'a Connection) -> Progress<'a> {
         let mut waiter = Waiter::default();
         waiter.start();
         Progress { conn, waiter }
     }
 
-    async fn run<T>(
+    pub(super) async fn run<T>(
         &mut self,
         mut f: impl FnMut(&mut ConnState, &mut Context<'_>) -> Poll<Result<T>>,
     ) -> Result<T> {

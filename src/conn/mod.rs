@@ -14,6 +14,7 @@ mod listener;
 mod messages;
 mod one_sided;
 mod options;
+mod rendezvous;
 pub(crate) mod raw;
 mod setup;
 mod shared;
@@ -22,7 +23,7 @@ pub mod wire;
 
 pub use connection::{ConnStats, Connection};
 pub use listener::{BACKLOG_FULL_REASON, Listener};
-pub use options::ConnectOptions;
+pub use options::{ConnectOptions, DEFAULT_RENDEZVOUS_THRESHOLD};
 pub use raw::{
     RawAccepting, RawConnection, RawConnector, RawListener, RawOptions, RawReply, RawRequest,
 };

@@ -74,7 +74,16 @@ pub struct ConnectOptions {
     pub ack_timeout: Option<u8>,
     /// The pool behind [`Connection::pool`](super::Connection::pool), created on first use.
     pub user_pool: PoolConfig,
+    /// Messages of at least this many bytes sent with
+    /// [`send_bytes`](super::Connection::send_bytes) /
+    /// [`send_buf`](super::Connection::send_buf) go by rendezvous when the peer takes part
+    /// (`None`: never; this side then does not offer rendezvous at all). See
+    /// [`rendezvous_threshold`](Self::rendezvous_threshold).
+    pub rendezvous_threshold: Option<u64>,
 }
+
+/// The default [`ConnectOptions::rendezvous_threshold`].
+pub const DEFAULT_RENDEZVOUS_THRESHOLD: u64 = 256 << 10;
 
 impl Default for ConnectOptions {
     fn default() -> ConnectOptions {
@@ -83,6 +92,7 @@ impl Default for ConnectOptions {
                 recv_credits: 16,
                 recv_buf_size: 64 << 10,
                 max_message_size: 16 << 20,
+                flags: Flags::ONE_SIDED | Flags::RENDEZVOUS,
                 ..Params::default()
             },
             send_queue_depth: 128,
@@ -97,6 +107,7 @@ impl Default for ConnectOptions {
             ack_timeout: Some(17),
             user_pool: PoolConfig::default()
                 .classes([SizeClass::new(4 << 10, 64), SizeClass::new(64 << 10, 8)]),
+            rendezvous_threshold: Some(DEFAULT_RENDEZVOUS_THRESHOLD),
         }
     }
 }
@@ -203,6 +214,33 @@ impl ConnectOptions {
     /// [`Connection::pool`](super::Connection::pool).
     pub fn user_pool(mut self, config: PoolConfig) -> Self {
         self.user_pool = config;
+        self
+    }
+
+    /// Large messages by rendezvous: a [`send_bytes`](super::Connection::send_bytes) or
+    /// [`send_buf`](super::Connection::send_buf) of at least `bytes` sends a 24-byte
+    /// descriptor instead of chunks; the receiver RDMA READs the message straight into its
+    /// destination (a buffer of its own for [`recv`](super::Connection::recv), the caller's
+    /// for [`recv_into`](super::Connection::recv_into)) and acknowledges, and the send resolves
+    /// on that acknowledgement. No copy on either side. The memory is opened to this peer
+    /// only, for reading only, for exactly the message, until the acknowledgement (a
+    /// registration of its own per message). `None` turns rendezvous off: this side then
+    /// neither sends nor accepts descriptors. Plain [`send`](super::Connection::send) of a
+    /// borrowed slice always copies (its memory cannot be kept until the peer read it).
+    ///
+    /// The default, 256 KiB, is where one registration per message costs less than copying
+    /// the chunks (measured in `docs/benchmarks.md`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::conn::ConnectOptions;
+    /// let opts = ConnectOptions::default().rendezvous_threshold(Some(1 << 20));
+    /// assert_eq!(opts.rendezvous_threshold, Some(1 << 20));
+    /// ```
+    pub fn rendezvous_threshold(mut self, bytes: Option<u64>) -> Self {
+        self.rendezvous_threshold = bytes;
+        self.set_flag(Flags::RENDEZVOUS, bytes.is_some());
         self
     }
 

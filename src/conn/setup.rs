@@ -137,6 +137,11 @@ fn raw_options(opts: &ConnectOptions, timeout: Duration) -> Result<RawOptions> {
     if p.flags.contains(Flags::ATOMICS) {
         access |= AccessFlags::REMOTE_ATOMIC;
     }
+    // The peer reads rendezvous messages from memory opened per message (a registration of
+    // just the message, for reading, until it acknowledged).
+    if p.flags.contains(Flags::RENDEZVOUS) {
+        access |= AccessFlags::REMOTE_READ;
+    }
     Ok(RawOptions::default()
         .qp_options(qp)
         .access(access)

@@ -67,6 +67,7 @@ impl Message {
         match self.delivery.as_ref().expect("present until dropped") {
             Delivery::Buf { buf, len } => &buf[..*len],
             Delivery::Assembled(v) => v,
+            Delivery::Remote(_) => unreachable!("read before it becomes a message"),
         }
     }
 }

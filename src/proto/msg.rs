@@ -18,7 +18,10 @@
 //! `Credit` (no payload: returns credits), `Close` (end of stream), `Abort` (the message in
 //! progress is withdrawn: its chunks so far are discarded), `Error` (the sender found a
 //! protocol violation and is disconnecting; the low 16 bits carry a
-//! [`ProtocolError`] code instead of credits).
+//! [`ProtocolError`] code instead of credits), `Rendezvous` (a large message by reference: the
+//! payload is a 24-byte descriptor of the sender's memory, which the receiver RDMA READs),
+//! `Fetched` (the receiver read the oldest rendezvous message: the sender may release its
+//! memory; the low 16 bits carry that message's rendezvous number instead of credits).
 //!
 //! # Examples
 //!
@@ -50,6 +53,12 @@ pub enum MsgKind {
     Abort,
     /// The sender detected a protocol violation (code in the low 16 bits) and disconnects.
     Error,
+    /// A whole message by reference: the payload is a rendezvous descriptor (address, length,
+    /// rkey of the sender's memory); the receiver RDMA READs the message from there.
+    Rendezvous,
+    /// The receiver finished reading a rendezvous message (its number, mod 2^16, in the low
+    /// 16 bits): the sender's memory is released.
+    Fetched,
 }
 
 impl MsgKind {
@@ -61,12 +70,15 @@ impl MsgKind {
             MsgKind::Close => 3,
             MsgKind::Abort => 4,
             MsgKind::Error => 5,
+            MsgKind::Rendezvous => 6,
+            MsgKind::Fetched => 7,
         }
     }
 
-    /// Whether the kind carries user payload (a chunk of a message).
+    /// Whether the kind takes a data credit (a chunk of a message, or a rendezvous
+    /// descriptor).
     pub fn is_data(self) -> bool {
-        matches!(self, MsgKind::Last | MsgKind::More)
+        matches!(self, MsgKind::Last | MsgKind::More | MsgKind::Rendezvous)
     }
 }
 
@@ -77,7 +89,8 @@ pub struct MsgHeader {
     pub kind: MsgKind,
     /// The peer's control messages the sender has re-posted receives for (mod 256).
     pub ctrl_ack: u8,
-    /// Credits the sender returns with it (for [`MsgKind::Error`]: the error code).
+    /// Credits the sender returns with it (for [`MsgKind::Error`]: the error code; for
+    /// [`MsgKind::Fetched`]: the rendezvous number).
     pub credits: u16,
 }
 
@@ -101,6 +114,8 @@ impl MsgHeader {
             3 => MsgKind::Close,
             4 => MsgKind::Abort,
             5 => MsgKind::Error,
+            6 => MsgKind::Rendezvous,
+            7 => MsgKind::Fetched,
             _ => return Err(ProtocolError::BadHeader(imm)),
         };
         if imm & 0x0f00_0000 != 0 {
@@ -127,6 +142,8 @@ mod tests {
             MsgKind::Close,
             MsgKind::Abort,
             MsgKind::Error,
+            MsgKind::Rendezvous,
+            MsgKind::Fetched,
         ] {
             for credits in [0u16, 1, 255, u16::MAX] {
                 let h = MsgHeader {
@@ -142,8 +159,8 @@ mod tests {
     #[test]
     fn rejects_unknown_kinds_and_reserved_bits() {
         assert_eq!(
-            MsgHeader::decode(6 << 28),
-            Err(ProtocolError::BadHeader(6 << 28))
+            MsgHeader::decode(8 << 28),
+            Err(ProtocolError::BadHeader(8 << 28))
         );
         assert!(MsgHeader::decode(0x0100_0000).is_err());
     }

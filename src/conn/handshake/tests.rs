@@ -132,7 +132,7 @@ fn encoded_len_below_v1_is_rejected() {
 
 #[test]
 fn unknown_flags_are_rejected() {
-    let v = with(|b| b[7] |= 0x04);
+    let v = with(|b| b[7] |= 0x08);
     assert_eq!(field_of(Params::decode(&v).unwrap_err()), Field::Flags);
     let v = with(|b| b[6] = 0x80);
     assert_eq!(field_of(Params::decode(&v).unwrap_err()), Field::Flags);
@@ -355,8 +355,9 @@ fn flags_debug_and_bits() {
         format!("{:?}", Flags::ONE_SIDED | Flags::REQUIRE_ATOMICS),
         "ONE_SIDED | REQUIRE_ATOMICS"
     );
-    assert_eq!(format!("{:?}", Flags(0x1004)), "0x1004");
+    assert_eq!(format!("{:?}", Flags(0x1008)), "0x1008");
+    assert_eq!(format!("{:?}", Flags(0x0004)), "RENDEZVOUS");
     assert_eq!(format!("{:?}", Flags(0x1001)), "ONE_SIDED | 0x1000");
-    assert_eq!(Flags::from_bits(0x0303), Some(Flags::KNOWN));
+    assert_eq!(Flags::from_bits(0x0307), Some(Flags::KNOWN));
     assert_eq!(Flags::from_bits(0x0400), None);
 }

@@ -40,6 +40,7 @@
 
 mod credits;
 mod recv;
+mod rendezvous;
 #[cfg(test)]
 mod tests;
 
@@ -48,6 +49,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 pub use credits::{CONTROL_RECVS, CONTROL_WINDOW, Credits};
+pub use rendezvous::{DESCRIPTOR_LEN, RDV_WINDOW, RemoteMsg};
 
 use super::msg::{MsgHeader, MsgKind};
 use crate::error::{Error, ProtocolError, QpFailure};
@@ -70,6 +72,9 @@ pub struct ConnConfig {
     pub keepalive: Option<Duration>,
     /// Fail the connection when a control message or keepalive is unacknowledged this long.
     pub keepalive_timeout: Duration,
+    /// Both sides offer rendezvous: large messages may go by reference (a descriptor the
+    /// receiver RDMA READs from), see [`ConnProto::start_send_rendezvous`].
+    pub rendezvous: bool,
 }
 
 /// A chunk of a message to post now: `len` bytes at `offset` of the message, as a SEND with
@@ -84,6 +89,10 @@ pub struct Chunk {
     pub imm: u32,
     /// Whether this is the message's last chunk.
     pub last: bool,
+    /// A rendezvous message: the chunk is its descriptor (`len` is
+    /// [`DESCRIPTOR_LEN`]), and this is its rendezvous number. The memory it names must stay
+    /// readable until [`ConnProto::take_released`] returns the number.
+    pub rendezvous: Option<u16>,
 }
 
 /// A control message to post now: a zero-length SEND with immediate data `imm`. Report its
@@ -108,6 +117,10 @@ pub enum Delivery<B> {
     },
     /// A message reassembled from several chunks.
     Assembled(Vec<u8>),
+    /// A rendezvous message: the bytes are still in the peer's memory. The shell reads them
+    /// and reports [`ConnProto::fetch_done`]; until it takes the result
+    /// ([`ConnProto::fetch_taken`]) no later message is handed out.
+    Remote(RemoteMsg),
 }
 
 impl<B> Delivery<B> {
@@ -116,6 +129,7 @@ impl<B> Delivery<B> {
         match self {
             Delivery::Buf { len, .. } => *len,
             Delivery::Assembled(v) => v.len(),
+            Delivery::Remote(r) => r.len as usize,
         }
     }
 
@@ -156,6 +170,10 @@ pub struct ConnCounters {
     pub aborts_received: u64,
     /// Data receives whose re-post waited for the application to consume (backpressure).
     pub reposts_withheld: u64,
+    /// Messages sent by rendezvous (counted in `messages_sent` once the peer read them).
+    pub rendezvous_sent: u64,
+    /// Messages received by rendezvous (read from the peer's memory).
+    pub rendezvous_received: u64,
 }
 
 #[derive(Debug)]
@@ -165,6 +183,8 @@ struct OutMsg {
     offset: u64,
     chunks: u32,
     waker: Option<Waker>,
+    /// Goes by rendezvous: one descriptor instead of chunks.
+    rdv: bool,
 }
 
 /// The protocol state machine of one connection. `B` is a receive buffer.
@@ -201,6 +221,8 @@ pub struct ConnProto<B> {
     // Keepalive.
     keepalive_due: bool,
     next_keepalive: Option<Instant>,
+    // Rendezvous messages whose descriptor went out.
+    rdv: rendezvous::RdvSend,
     // Receiving.
     rx: recv::RecvState<B>,
     wakers: Vec<Waker>,
@@ -224,6 +246,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             close_wakers: Vec::new(),
             next_id: 0,
             out: VecDeque::new(),
+            rdv: rendezvous::RdvSend::default(),
             pending_abort: false,
             pending_error: None,
             error_sent: false,
@@ -312,6 +335,10 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
                 self.cfg.max_message_size
             )));
         }
+        Ok(self.queue(len, false))
+    }
+
+    fn queue(&mut self, len: u64, rdv: bool) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.out.push_back(OutMsg {
@@ -320,8 +347,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             offset: 0,
             chunks: 0,
             waker: None,
+            rdv,
         });
-        Ok(id)
+        id
     }
 
     /// Ready once message `id` is the one being sent (all before it went out whole or were
@@ -370,13 +398,20 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         if let Some(e) = self.failed_error() {
             return Poll::Ready(Err(e));
         }
-        let blocked = self.pending_abort || self.out.front().is_none_or(|m| m.id != id);
+        let blocked = self.pending_abort
+            || self
+                .out
+                .front()
+                .is_none_or(|m| m.id != id || (m.rdv && !self.rdv.has_room()));
         if blocked || !self.credits.try_take_data() {
             if !blocked {
                 self.counters.credit_waits += 1;
             }
             self.park(id, cx);
             return Poll::Pending;
+        }
+        if self.out.front().is_some_and(|m| m.rdv) {
+            return Poll::Ready(Ok(self.descriptor_out()));
         }
         let msg = self.out.front_mut().expect("checked above");
         let len = (msg.len - msg.offset).min(u64::from(self.cfg.max_send_size)) as u32;
@@ -398,14 +433,18 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             len,
             imm,
             last,
+            rendezvous: None,
         }))
     }
 
     /// The send of message `id` was dropped. Not started: forgotten. Part-way: an `Abort`
     /// goes out before anything else, so the peer drops the partial message. Already fully
     /// handed out: nothing to do (the message is complete on the wire).
+    /// A rendezvous message whose descriptor went out stays on the books until the peer read
+    /// it (its memory is released only then, see [`take_released`](Self::take_released)).
     pub fn cancel_send(&mut self, id: u64) {
         let Some(pos) = self.out.iter().position(|m| m.id == id) else {
+            self.rdv.abandon(id);
             return;
         };
         let msg = self.out.remove(pos).expect("found");
@@ -451,8 +490,14 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         self.close_done && (self.full_close || self.rx.peer_closed)
     }
 
+    /// Nothing left to send before end of stream: the queue is empty and the peer read every
+    /// rendezvous message (a disconnect before that would fail its reads).
+    fn all_sent(&self) -> bool {
+        self.out.is_empty() && self.rdv.unacked() == 0
+    }
+
     fn check_close_ready(&mut self) {
-        if self.local_closed && !self.close_sent && self.out.is_empty() {
+        if self.local_closed && !self.close_sent && self.all_sent() {
             self.kick();
         }
     }
@@ -514,7 +559,24 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         }
         let kind = if self.pending_abort {
             MsgKind::Abort
-        } else if self.local_closed && !self.close_sent && self.out.is_empty() {
+        } else if let Some(seq) = self.rx.rdv.ack_due() {
+            if !self.take_control(now, false) {
+                self.ctrl_blocked_since.get_or_insert(now);
+                return None;
+            }
+            self.ctrl_blocked_since = None;
+            self.rx.rdv.ack_sent();
+            let imm = MsgHeader {
+                kind: MsgKind::Fetched,
+                ctrl_ack: self.credits.take_ctrl_ack(),
+                credits: seq,
+            }
+            .encode();
+            return Some(Transmit {
+                kind: MsgKind::Fetched,
+                imm,
+            });
+        } else if self.local_closed && !self.close_sent && self.all_sent() {
             MsgKind::Close
         } else if self.keepalive_due
             || self.credits.credit_message_due()
@@ -673,6 +735,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             }
         }
         self.wakers.append(&mut self.close_wakers);
+        self.rdv.wake_all(&mut self.wakers);
         self.rx.wake_all(&mut self.wakers);
         self.kick();
         true

@@ -21,13 +21,16 @@ pub(super) struct RecvState<B> {
     due_data: u32,
     /// Data receives whose re-post waits for the application to consume.
     withheld: u32,
-    assembling: Option<Vec<u8>>,
-    ready: VecDeque<Delivery<B>>,
+    pub(super) assembling: Option<Vec<u8>>,
+    pub(super) ready: VecDeque<Delivery<B>>,
+    pub(super) rdv: super::rendezvous::RdvRecv,
     wakers: Vec<Waker>,
     /// Received data the application holds: queued, delivered and not dropped, or partial.
     pub(super) held_bytes: u64,
     /// Receive buffers the application holds (single-chunk messages are not copied).
     pub(super) held_bufs: u32,
+    /// Of `held_bytes`, the messages handed to the application and not yet consumed.
+    pub(super) taken_bytes: u64,
     pub(super) peer_closed: bool,
 }
 
@@ -41,9 +44,11 @@ impl<B> RecvState<B> {
             withheld: 0,
             assembling: None,
             ready: VecDeque::new(),
+            rdv: Default::default(),
             wakers: Vec::new(),
             held_bytes: 0,
             held_bufs: 0,
+            taken_bytes: 0,
             peer_closed: false,
         }
     }
@@ -121,6 +126,14 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         self.credits.on_data_received()?;
         self.credits.on_returned(u32::from(header.credits))?;
         self.wake_front();
+        if header.kind == MsgKind::Rendezvous {
+            let data = buf.as_ref();
+            let got = data.get(..len as usize).ok_or(ProtocolError::BadDescriptor)?;
+            self.receive_descriptor(got)?;
+            drop(buf);
+            self.repost_data();
+            return Ok(());
+        }
         let so_far = self.rx.assembling.as_ref().map_or(0, Vec::len) as u64 + u64::from(len);
         if so_far > self.cfg.max_message_size {
             return Err(ProtocolError::MessageTooLarge(self.cfg.max_message_size));
@@ -160,8 +173,13 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             )));
             return Ok(());
         }
-        self.credits.on_returned(u32::from(header.credits))?;
-        self.wake_front();
+        if header.kind == MsgKind::Fetched {
+            // The low bits name the rendezvous message, not credits.
+            self.receive_fetched(header.credits)?;
+        } else {
+            self.credits.on_returned(u32::from(header.credits))?;
+            self.wake_front();
+        }
         match header.kind {
             MsgKind::Close => {
                 if self.rx.assembling.is_some() {
@@ -227,8 +245,27 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// # Errors
     ///
     /// The connection's failure (never reported as end of stream).
+    ///
+    /// A [`Delivery::Remote`] is the rendezvous message the shell must now read (then
+    /// [`fetch_done`](Self::fetch_done) and [`fetch_taken`](Self::fetch_taken)); until it was
+    /// taken, this waits.
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Delivery<B>>, Error>> {
+        if self.rx.rdv.fetching.is_some() {
+            if let Some(e) = self.failed_error() {
+                return Poll::Ready(Err(e));
+            }
+            self.park_recv(cx);
+            return Poll::Pending;
+        }
+        if !self.front_admissible() {
+            self.park_recv(cx);
+            return Poll::Pending;
+        }
         if let Some(d) = self.rx.ready.pop_front() {
+            match &d {
+                Delivery::Remote(m) => self.rx.rdv.fetching = Some((*m, false)),
+                d => self.rx.taken_bytes += d.len() as u64,
+            }
             return Poll::Ready(Ok(Some(d)));
         }
         if self.rx.peer_closed {
@@ -237,6 +274,39 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         if let Some(e) = self.failed_error() {
             return Poll::Ready(Err(e));
         }
+        self.park_recv(cx);
+        Poll::Pending
+    }
+
+    /// The next message `poll_recv` would return, if one is queued and no rendezvous read is
+    /// in progress (to check its length first).
+    pub fn peek_recv(&self) -> Option<&Delivery<B>> {
+        match self.rx.rdv.fetching {
+            Some(_) => None,
+            None => self.rx.ready.front().filter(|_| self.front_admissible()),
+        }
+    }
+
+    /// Whether the next message may be handed out: a rendezvous message is read only while
+    /// the received data leaves room for it in the receive budget, or when the application
+    /// holds no message (so data queued behind it never blocks it for good). Received data
+    /// thus stays within the budget plus the chunks in flight plus one message.
+    fn front_admissible(&self) -> bool {
+        match self.rx.ready.front() {
+            Some(Delivery::Remote(m)) => {
+                self.rx.taken_bytes == 0 || self.rx.held_bytes + m.len <= self.cfg.recv_budget
+            }
+            _ => true,
+        }
+    }
+
+    /// Wakes every task waiting to receive (the shell changed who may take what).
+    pub fn wake_receivers(&mut self) {
+        self.rx.wake_all(&mut self.wakers);
+    }
+
+    /// Registers the task to wake when a message arrives (or the state changes).
+    pub fn park_recv(&mut self, cx: &mut Context<'_>) {
         if !self.rx.wakers.iter().any(|w| w.will_wake(cx.waker())) {
             if self.rx.wakers.len() >= 64 {
                 // Receives dropped while waiting leave their wakers behind: wake them all
@@ -245,16 +315,20 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             }
             self.rx.wakers.push(cx.waker().clone());
         }
-        Poll::Pending
     }
 
     /// The application dropped a delivered message of `len` bytes (`buffer`: it held a
     /// receive buffer, [`Delivery::holds_buffer`]). Withheld receives may go back.
     pub fn consumed(&mut self, buffer: bool, len: usize) {
         self.rx.held_bytes = self.rx.held_bytes.saturating_sub(len as u64);
+        self.rx.taken_bytes = self.rx.taken_bytes.saturating_sub(len as u64);
         if buffer {
             self.rx.held_bufs = self.rx.held_bufs.saturating_sub(1);
         }
         self.release_withheld();
+        if matches!(self.rx.ready.front(), Some(Delivery::Remote(_))) {
+            // It may fit the budget now.
+            self.rx.wake_all(&mut self.wakers);
+        }
     }
 }

@@ -5,7 +5,7 @@
 
 #![allow(clippy::print_stdout)]
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,17 @@ struct Active {
     data: Vec<u8>,
 }
 
+/// Rendezvous state of one simulated side.
+#[derive(Default)]
+struct Rdv {
+    /// The memory of this side's rendezvous messages, by number, until released.
+    mem: HashMap<u16, Vec<u8>>,
+    /// Sends whose descriptor went out, waiting for the peer's read.
+    awaiting: Vec<u64>,
+    /// The peer's message this side is reading.
+    fetch: Option<RemoteMsg>,
+}
+
 struct Side {
     proto: ConnProto<Vec<u8>>,
     active: Vec<Active>,
@@ -64,6 +75,7 @@ struct Side {
     stalled: u32,
     closed: bool,
     saw_eof: bool,
+    rdv: Rdv,
 }
 
 struct Sim {
@@ -86,6 +98,7 @@ fn config(credits: u32, chunk: u32) -> ConnConfig {
         recv_budget: u64::from(chunk) * 8,
         keepalive: Some(Duration::from_millis(50)),
         keepalive_timeout: Duration::from_secs(3600),
+        rendezvous: true,
     }
 }
 
@@ -103,6 +116,7 @@ impl Sim {
             stalled: 0,
             closed: false,
             saw_eof: false,
+            rdv: Rdv::default(),
         };
         let mut sides = [side(), side()];
         for s in &mut sides {
@@ -133,7 +147,12 @@ impl Sim {
         let max = self.cfg.max_send_size as u64 * 4;
         let len = 8 + self.rng.below(max + 1) as usize;
         let no = s.next_no;
-        let id = s.proto.start_send(len as u64).expect("start");
+        let id = if self.rng.chance(25) {
+            s.proto.start_send_rendezvous(len as u64)
+        } else {
+            s.proto.start_send(len as u64)
+        }
+        .expect("start");
         s.next_no += 1;
         s.active.push(Active {
             id,
@@ -152,7 +171,15 @@ impl Sim {
         if let Poll::Ready(r) = s.proto.poll_chunk(a.id, &mut Self::cx()) {
             let c = r.expect("chunk");
             let start = c.offset as usize;
-            let payload = a.data[start..start + c.len as usize].to_vec();
+            let payload = match c.rendezvous {
+                Some(seq) => {
+                    // The "address" is the message number; the memory stays until released.
+                    s.rdv.mem.insert(seq, a.data.clone());
+                    s.rdv.awaiting.push(a.id);
+                    RemoteMsg::encode(a.no, a.data.len() as u64, u32::from(seq)).to_vec()
+                }
+                None => a.data[start..start + c.len as usize].to_vec(),
+            };
             self.wire[i].push_back(Packet {
                 imm: c.imm,
                 payload,
@@ -167,6 +194,13 @@ impl Sim {
 
     fn cancel(&mut self, i: usize) {
         let s = &mut self.sides[i];
+        if !s.rdv.awaiting.is_empty() && self.rng.chance(50) {
+            // A send waiting for the peer's read is dropped: its memory must stay.
+            let k = self.rng.below(s.rdv.awaiting.len() as u64) as usize;
+            let id = s.rdv.awaiting.swap_remove(k);
+            s.proto.cancel_send(id);
+            return;
+        }
         if s.active.is_empty() {
             return;
         }
@@ -189,6 +223,36 @@ impl Sim {
         }
         let _ = s.proto.take_driver_kick();
         let _ = s.proto.take_wakers().count();
+        let released: Vec<u16> = s.proto.take_released().collect();
+        for seq in released {
+            assert!(s.rdv.mem.remove(&seq).is_some(), "released {seq} twice");
+        }
+        let mut cx = Self::cx();
+        let proto = &mut s.proto;
+        s.rdv
+            .awaiting
+            .retain(|&id| proto.poll_fetched(id, &mut cx).is_pending());
+    }
+
+    /// Side i's read of the peer's rendezvous message completes: the memory must still be
+    /// there.
+    fn complete_fetch(&mut self, i: usize) {
+        let Some(m) = self.sides[i].rdv.fetch.take() else {
+            return;
+        };
+        let data = self.sides[1 - i]
+            .rdv
+            .mem
+            .get(&(m.rkey as u16))
+            .unwrap_or_else(|| panic!("message {} released before it was read", m.addr))
+            .clone();
+        assert_eq!(data.len() as u64, m.len);
+        let s = &mut self.sides[i];
+        s.proto.fetch_done(Ok(()));
+        assert_eq!(s.proto.fetch_ready(), Some(true));
+        s.proto.fetch_taken();
+        s.delivered.push(m.addr);
+        s.held.push(Delivery::Assembled(data));
     }
 
     /// Delivers the oldest packet from side i to its peer. Returns false if nothing moved.
@@ -238,10 +302,15 @@ impl Sim {
         let s = &mut self.sides[i];
         if let Poll::Ready(r) = s.proto.poll_recv(&mut Self::cx()) {
             match r.expect("recv") {
+                Some(Delivery::Remote(m)) => {
+                    assert!(!s.saw_eof, "a message after end of stream");
+                    s.rdv.fetch = Some(m);
+                }
                 Some(d) => {
                     let bytes: &[u8] = match &d {
                         Delivery::Buf { buf, len } => &buf[..*len],
                         Delivery::Assembled(v) => v,
+                        Delivery::Remote(_) => unreachable!(),
                     };
                     assert!(!s.saw_eof, "a message after end of stream");
                     let no = u64::from_le_bytes(bytes[..8].try_into().expect("8-byte id"));
@@ -277,8 +346,12 @@ impl Sim {
             );
             let (bytes, bufs) = s.proto.held();
             let c = self.cfg;
+            // The budget, the chunks in flight, and one rendezvous message.
             assert!(
-                bytes <= c.recv_budget + u64::from(c.max_send_size) * u64::from(c.send_credits),
+                bytes
+                    <= c.recv_budget
+                        + u64::from(c.max_send_size) * u64::from(c.send_credits)
+                        + c.max_message_size,
                 "held {bytes} bytes: over budget"
             );
             assert!(
@@ -303,6 +376,9 @@ impl Sim {
             12 | 13 => self.ack(i),
             14 | 15 => {
                 if self.sides[i].stalled == 0 {
+                    if self.rng.chance(50) {
+                        self.complete_fetch(i);
+                    }
                     self.read(i);
                 }
             }
@@ -344,6 +420,7 @@ impl Sim {
                 while !self.acks[i].is_empty() {
                     self.ack(i);
                 }
+                self.complete_fetch(i);
                 self.read(i);
                 while !self.sides[i].held.is_empty() {
                     self.drop_held(i);
@@ -363,8 +440,9 @@ impl Sim {
         panic!("no quiescence: {}", self.describe());
     }
 
-    fn progress_marker(&self) -> (usize, usize, usize, usize, usize, usize) {
+    fn progress_marker(&self) -> (usize, usize, usize, usize, usize, usize, usize) {
         (
+            self.sides[0].rdv.mem.len() + self.sides[1].rdv.mem.len(),
             self.sides[0].delivered.len(),
             self.sides[1].delivered.len(),
             self.sides[0].committed.len() + self.sides[0].active.len(),
@@ -378,6 +456,8 @@ impl Sim {
         (0..2).all(|i| {
             let s = &self.sides[i];
             s.active.is_empty()
+                && s.rdv.mem.is_empty()
+                && s.rdv.awaiting.is_empty()
                 && self.wire[i].is_empty()
                 && self.acks[i].is_empty()
                 && self.sides[1 - i].delivered.len() == s.committed.len()
@@ -405,7 +485,7 @@ impl Sim {
 
 #[test]
 fn random_interleavings_deliver_exactly_the_committed_messages() {
-    let mut totals = (0u64, 0u64, 0u64, 0u64);
+    let mut totals = (0u64, 0u64, 0u64, 0u64, 0u64);
     for seed in 0..200u64 {
         let credits = 2 + (seed % 7) as u32;
         let chunk = [64u32, 100, 256][(seed % 3) as usize];
@@ -423,15 +503,17 @@ fn random_interleavings_deliver_exactly_the_committed_messages() {
             totals.1 += c.aborts_received;
             totals.2 += c.reposts_withheld;
             totals.3 += c.credit_messages;
+            totals.4 += c.rendezvous_received;
             assert_eq!(s.proto.held(), (0, 0), "everything consumed");
         }
     }
     println!(
-        "delivered {} messages, {} aborts, {} withheld re-posts, {} credit messages",
-        totals.0, totals.1, totals.2, totals.3
+        "delivered {} messages ({} by rendezvous), {} aborts, {} withheld re-posts, {} credit \
+         messages",
+        totals.0, totals.4, totals.1, totals.2, totals.3
     );
     assert!(
-        totals.0 > 5_000 && totals.1 > 100 && totals.2 > 100,
+        totals.0 > 5_000 && totals.1 > 100 && totals.2 > 100 && totals.4 > 1_000,
         "{totals:?}"
     );
 }

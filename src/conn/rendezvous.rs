@@ -1,0 +1,506 @@
+//! Rendezvous on a [`Connection`], the shell side of
+//! [`proto::conn`](crate::proto::conn)'s rendezvous: the sender opens exactly the message's
+//! memory to this peer for reading (a registration of its own, in the connection's protection
+//! domain, kept with the bytes until the peer acknowledged), the receiver reads it straight
+//! into its destination with RDMA READs posted on the connection's queue pair and driven by
+//! its completions, and [`recv_into`](Connection::recv_into) lets that destination be the
+//! caller's own buffer.
+
+use std::any::Any;
+use std::task::Poll;
+
+use bytes::Bytes;
+
+use super::connection::Connection;
+use super::io::{ConnIo, ConnState, Retired, Sent};
+use super::messages::Progress;
+use super::shared::Message;
+use crate::buf::{IoBufMut, PoolBuf};
+use crate::error::{Error, Result};
+use crate::proto::conn::{Delivery, RemoteMsg};
+use crate::verbs::{AccessFlags, MemoryRegion, SendOp, Sge, explain_reg_error};
+
+/// The memory of a rendezvous message this side sent, until the peer read it.
+#[derive(Debug)]
+pub(crate) struct RdvSource {
+    /// Declared first: deregistered before the bytes may go.
+    _mr: MemoryRegion,
+    _bytes: Bytes,
+}
+
+impl RdvSource {
+    /// Opens `bytes` to the peer of `pd`'s connection for RDMA READ.
+    pub(crate) fn open(pd: &crate::verbs::ProtectionDomain, bytes: Bytes) -> Result<RdvSource> {
+        // SAFETY: the region is kept with `bytes` (which never move or free their storage
+        // while a handle lives) and dropped first; READ-only access never writes the memory.
+        let mr = unsafe {
+            MemoryRegion::register(
+                pd,
+                bytes.as_ptr().cast_mut(),
+                bytes.len(),
+                AccessFlags::REMOTE_READ,
+            )
+        }
+        .map_err(explain_reg_error)?;
+        Ok(RdvSource {
+            _mr: mr,
+            _bytes: bytes,
+        })
+    }
+
+    /// The message's length.
+    pub(crate) fn len(&self) -> u64 {
+        self._bytes.len() as u64
+    }
+
+    /// The descriptor the peer reads the message with.
+    pub(crate) fn descriptor(&self) -> [u8; crate::proto::conn::DESCRIPTOR_LEN as usize] {
+        RemoteMsg::encode(
+            self._bytes.as_ptr() as u64,
+            self._bytes.len() as u64,
+            self._mr.rkey(),
+        )
+    }
+}
+
+/// A rendezvous read's destination.
+trait FetchBuf: Send + std::fmt::Debug {
+    /// The first `len` bytes (the read wrote them).
+    fn bytes(&self, len: usize) -> &[u8];
+    /// The first `len` bytes as a vector, and whether they had to be copied.
+    fn into_vec(self: Box<Self>, len: usize) -> (Vec<u8>, bool);
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
+impl FetchBuf for Vec<u8> {
+    fn bytes(&self, len: usize) -> &[u8] {
+        &self[..len]
+    }
+    fn into_vec(self: Box<Self>, len: usize) -> (Vec<u8>, bool) {
+        let mut v = *self;
+        v.truncate(len);
+        (v, false)
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+}
+
+/// The caller's buffer of a [`recv_into`](Connection::recv_into).
+#[derive(Debug)]
+struct UserDest<B>(B);
+
+impl<B: IoBufMut + std::fmt::Debug> FetchBuf for UserDest<B> {
+    fn bytes(&self, len: usize) -> &[u8] {
+        assert!(len <= self.0.bytes_total());
+        // SAFETY: the buffer's memory is stable and `bytes_total()` long; the read that
+        // completed wrote its first `len` bytes.
+        unsafe { std::slice::from_raw_parts(self.0.stable_ptr(), len) }
+    }
+    fn into_vec(self: Box<Self>, len: usize) -> (Vec<u8>, bool) {
+        (self.bytes(len).to_vec(), true)
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+}
+
+/// `len` zeroed bytes (lazily, from the allocator's zeroed pages), or an error instead of
+/// aborting when memory runs out.
+fn zeroed(len: usize) -> Result<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len)
+        .map_err(|_| Error::InvalidArgument(format!("a {len}-byte message does not fit memory")))?;
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(Error::InvalidArgument(format!(
+            "no memory for a {len}-byte message (receive it with recv_into into a buffer of \
+             your own)"
+        )));
+    }
+    // SAFETY: allocated by the global allocator with this layout, all `len` bytes zeroed.
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
+/// The rendezvous message being read, with its destination.
+#[derive(Debug)]
+pub(crate) struct Fetch {
+    msg: RemoteMsg,
+    /// Declared before `dest`: a dedicated registration goes before the memory.
+    mr: Option<MemoryRegion>,
+    dest: Box<dyn FetchBuf>,
+    addr: u64,
+    lkey: u32,
+    /// Bytes whose READ is posted.
+    posted: u64,
+    /// The live `recv_into` call whose buffer `dest` is (0: none, any receive may take it).
+    owner: u64,
+}
+
+impl Fetch {
+    pub(crate) fn len(&self) -> u64 {
+        self.msg.len
+    }
+
+    /// A fetch of `msg` into `dest`, whose memory starts at `ptr`: under `lkey` if given,
+    /// else through a registration of its own. On failure `dest` comes back.
+    fn new(
+        pd: &crate::verbs::ProtectionDomain,
+        msg: RemoteMsg,
+        (ptr, lkey): (*mut u8, Option<u32>),
+        dest: Box<dyn FetchBuf>,
+        owner: u64,
+    ) -> std::result::Result<Fetch, (Error, Box<dyn FetchBuf>)> {
+        let (mr, lkey) = match lkey {
+            Some(k) => (None, k),
+            None => {
+                // SAFETY: `dest` (stable memory of at least `msg.len` bytes at `ptr`) moves
+                // into this fetch, after the region in drop order.
+                let reg = unsafe {
+                    MemoryRegion::register(pd, ptr, msg.len as usize, AccessFlags::LOCAL_WRITE)
+                };
+                match reg {
+                    Ok(mr) => {
+                        let k = mr.lkey();
+                        (Some(mr), k)
+                    }
+                    Err(e) => return Err((explain_reg_error(e), dest)),
+                }
+            }
+        };
+        Ok(Fetch {
+            msg,
+            mr,
+            dest,
+            addr: ptr as u64,
+            lkey,
+            posted: 0,
+            owner,
+        })
+    }
+
+    /// The destination, its registration released first.
+    fn into_dest(self) -> Box<dyn FetchBuf> {
+        drop(self.mr);
+        self.dest
+    }
+}
+
+/// Marks the caller's fetch as nobody's when a `recv_into` is dropped while the device writes
+/// into its buffer: the next receive then takes the message.
+struct Lent<'a> {
+    io: &'a ConnIo,
+    owner: u64,
+    armed: bool,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let owner = self.owner;
+            self.io.with(|s| {
+                if let Some(f) = s.fetch.as_mut().filter(|f| f.owner == owner) {
+                    f.owner = 0;
+                    s.proto.wake_receivers();
+                }
+            });
+        }
+    }
+}
+
+impl ConnIo {
+    /// Posts the READs of the fetch in progress that fit the send queue (called by the pump:
+    /// the rest go as completions make room, whoever waits).
+    pub(crate) fn post_fetch(&self, s: &mut ConnState) {
+        loop {
+            let room = self.sq_room(s);
+            let Some(f) = s.fetch.as_mut() else { return };
+            if f.posted == f.msg.len || !room || s.proto.failure().is_some() {
+                return;
+            }
+            let piece = (f.msg.len - f.posted).min(self.max_read);
+            let last = f.posted + piece == f.msg.len;
+            let sge = [Sge::new(f.addr + f.posted, piece as u32, f.lkey)];
+            let op = SendOp::Read {
+                remote_addr: f.msg.addr.wrapping_add(f.posted),
+                rkey: f.msg.rkey,
+            };
+            f.posted += piece;
+            if !self.post_send_entry(s, op, &sge, Sent::Fetch { last }) {
+                return;
+            }
+        }
+    }
+
+    /// Releases the memory of the rendezvous messages the peer finished reading.
+    pub(crate) fn release_rendezvous(&self, s: &mut ConnState) {
+        let ConnState {
+            proto, rdv_held, ..
+        } = s;
+        for seq in proto.take_released() {
+            if let Some(pos) = rdv_held.iter().position(|(q, _)| *q == seq) {
+                let (_, src) = rdv_held.swap_remove(pos);
+                self.retire(Retired::Rendezvous(src));
+            }
+        }
+    }
+}
+
+/// What a receive found.
+enum Next {
+    /// A message in the connection's buffers (or end of stream).
+    Local(Option<Delivery<PoolBuf>>),
+    /// A rendezvous message to read.
+    Remote(RemoteMsg),
+    /// A rendezvous message read and taken.
+    Fetched(Fetch),
+}
+
+fn too_big(len: u64, cap: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "the next message has {len} bytes, more than the {cap}-byte buffer holds; it stays \
+         queued (receive it with a larger buffer or with recv)"
+    ))
+}
+
+impl Connection {
+    /// Whether a message of `len` bytes from owned memory goes by rendezvous.
+    pub(super) fn by_rendezvous(&self, len: usize) -> bool {
+        self.shared.params.rendezvous
+            && self
+                .shared
+                .io
+                .rdv_threshold
+                .is_some_and(|t| len as u64 >= t)
+    }
+
+    /// Waits for the next message of the caller `owner` (0: `recv`); with `fits`, a message
+    /// larger than that stays queued and [`Error::InvalidArgument`] says so.
+    async fn next(&self, wait: &mut Progress<'_>, fits: Option<usize>, owner: u64) -> Result<Next> {
+        wait.run(|s, cx| {
+            if let Some(f) = s.fetch.as_ref().filter(|_| s.proto.fetch_ready() == Some(true)) {
+                if f.owner != 0 && f.owner != owner {
+                    // Another live `recv_into`'s buffer: that call takes it.
+                    s.proto.park_recv(cx);
+                    return Poll::Pending;
+                }
+                if let Some(cap) = fits.filter(|&c| f.owner != owner && f.len() > c as u64) {
+                    return Poll::Ready(Err(too_big(f.len(), cap)));
+                }
+                let f = s.fetch.take().expect("checked");
+                s.proto.fetch_taken();
+                return Poll::Ready(Ok(Next::Fetched(f)));
+            }
+            if let Some(d) = s.proto.peek_recv() {
+                if let Some(cap) = fits.filter(|&c| d.len() > c) {
+                    return Poll::Ready(Err(too_big(d.len() as u64, cap)));
+                }
+                if let Delivery::Remote(m) = d {
+                    return Poll::Ready(Ok(Next::Remote(*m)));
+                }
+            }
+            s.proto.poll_recv(cx).map(|r| r.map(Next::Local))
+        })
+        .await
+    }
+
+    /// Starts reading `fetch` if its message is still the next one (another receive may have
+    /// taken it meanwhile: then the fetch comes back).
+    fn start_fetch(&self, fetch: Fetch) -> Option<Fetch> {
+        self.shared.io.with(|s| {
+            let still = matches!(
+                s.proto.peek_recv(),
+                Some(Delivery::Remote(m)) if m.seq == fetch.msg.seq
+            );
+            if !still {
+                return Some(fetch);
+            }
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let popped = s.proto.poll_recv(&mut cx);
+            debug_assert!(matches!(popped, Poll::Ready(Ok(Some(Delivery::Remote(_))))));
+            s.fetch = Some(fetch);
+            // The pump (after this closure) posts the reads.
+            None
+        })
+    }
+
+    /// [`recv`](Connection::recv): a rendezvous message is read into a buffer of its own.
+    pub(super) async fn recv_message(&self) -> Result<Option<Message>> {
+        let io = &self.shared.io;
+        let mut wait = Progress::new(self);
+        loop {
+            match self.next(&mut wait, None, 0).await? {
+                Next::Local(d) => return Ok(d.map(|d| Message::new(d, io.clone()))),
+                Next::Remote(m) => {
+                    // Allocated and registered outside the connection's lock.
+                    let mut v = zeroed(m.len as usize)?;
+                    let at = (v.as_mut_ptr(), None);
+                    let fetch = Fetch::new(&self.shared.pd, m, at, Box::new(v), 0)
+                        .map_err(|(e, _)| e)?;
+                    drop(self.start_fetch(fetch));
+                }
+                Next::Fetched(f) => {
+                    let len = f.len() as usize;
+                    let (v, copied) = f.into_dest().into_vec(len);
+                    if copied {
+                        // A dropped `recv_into`'s buffer: the one copy on this path.
+                        io.with(|s| s.recv_bytes.copied += len as u64);
+                    }
+                    return Ok(Some(Message::new(Delivery::Assembled(v), io.clone())));
+                }
+            }
+        }
+    }
+
+    /// Receives the next message into `buf` (its whole capacity,
+    /// [`bytes_total`](crate::buf::IoBuf::bytes_total)), returning the message's length, or
+    /// `None` at the peer's end of stream. A rendezvous message (see
+    /// [`ConnectOptions::rendezvous_threshold`](super::ConnectOptions::rendezvous_threshold))
+    /// is read by the device straight into `buf`: no copy, however large (memory of this
+    /// connection's [`pool`](Self::pool) is used as it is, other memory is registered for the
+    /// read). A message that came in the connection's receive buffers is copied into `buf`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the next message is larger than `buf` (it stays queued:
+    /// receive it with a larger buffer, or [`recv`](Self::recv)); registration errors for
+    /// `buf`; the connection's failure (`buf` comes back once the device is done with it).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe for messages: dropped before the read into `buf` started, nothing
+    /// happened. Dropped while the device writes into `buf`, the connection keeps `buf` until
+    /// the read completed, then delivers the message to the next receive (copied once) and
+    /// drops `buf`: it is not returned.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: tokio_rdma::conn::Connection) -> tokio_rdma::Result<()> {
+    /// let buf = vec![0u8; 16 << 20];
+    /// let (got, buf) = conn.recv_into(buf).await;
+    /// if let Some(len) = got? {
+    ///     println!("{len} bytes, first {}", buf[0]);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn recv_into<B>(&self, buf: B) -> (Result<Option<usize>>, B)
+    where
+        B: IoBufMut + std::fmt::Debug,
+    {
+        let io = &self.shared.io;
+        let owner = io.with(|s| {
+            s.next_owner += 1;
+            s.next_owner
+        });
+        let cap = buf.bytes_total();
+        let mut wait = Progress::new(self);
+        let mut lent = Lent {
+            io,
+            owner,
+            armed: false,
+        };
+        let mut buf = Some(buf);
+        loop {
+            let next = match self.next(&mut wait, Some(cap), owner).await {
+                Ok(n) => n,
+                Err(e) => {
+                    let b = match buf.take() {
+                        Some(b) => b,
+                        None => self.reclaim(&mut wait, owner).await,
+                    };
+                    lent.armed = false;
+                    return (Err(e), b);
+                }
+            };
+            let fetched = |b: &mut B, len: usize, copied: bool| {
+                io.with(|s| {
+                    if copied {
+                        s.recv_bytes.copied += len as u64;
+                    }
+                    // The bytes are the caller's now, not the connection's.
+                    s.proto.consumed(false, len);
+                });
+                // SAFETY: `len` bytes were written (by the device or copied).
+                unsafe { b.set_init(len) };
+            };
+            match next {
+                Next::Local(None) => return (Ok(None), buf.expect("not lent: no read")),
+                Next::Local(Some(d)) => {
+                    let mut b = buf.expect("not lent: no read");
+                    let msg = Message::new(d, io.clone());
+                    copy_into(&mut b, &msg);
+                    io.with(|s| s.recv_bytes.copied += msg.len() as u64);
+                    return (Ok(Some(msg.len())), b);
+                }
+                Next::Remote(m) => {
+                    let mut b = buf.take().expect("not lent: no read");
+                    let ptr = b.stable_mut_ptr();
+                    // SAFETY: `cap` bytes of stable memory; only the address range is used.
+                    let range = unsafe { std::slice::from_raw_parts(ptr, cap) };
+                    let lkey = io.lkey_of(range, self.user_pool.get());
+                    let dest = Box::new(UserDest(b));
+                    match Fetch::new(&self.shared.pd, m, (ptr, lkey), dest, owner) {
+                        Err((e, dest)) => return (Err(e), take_user(dest)),
+                        Ok(f) => match self.start_fetch(f) {
+                            Some(back) => buf = Some(take_user(back.into_dest())),
+                            None => lent.armed = true,
+                        },
+                    }
+                }
+                Next::Fetched(f) if f.owner == owner => {
+                    lent.armed = false;
+                    let len = f.len() as usize;
+                    let mut b: B = take_user(f.into_dest());
+                    fetched(&mut b, len, false);
+                    return (Ok(Some(len)), b);
+                }
+                Next::Fetched(f) => {
+                    // Another receive's read, whose future was dropped: copied once.
+                    let mut b = buf.expect("not lent: no read");
+                    let len = f.len() as usize;
+                    copy_into(&mut b, f.dest.bytes(len));
+                    fetched(&mut b, len, true);
+                    return (Ok(Some(len)), b);
+                }
+            }
+        }
+    }
+
+    /// After a failure: the caller's buffer, once no read into it is on the device.
+    async fn reclaim<B: IoBufMut + std::fmt::Debug>(&self, wait: &mut Progress<'_>, owner: u64) -> B {
+        let io = &self.shared.io;
+        let dest = wait
+            .run(|s, cx| {
+                if io.fetch_on_device(s) {
+                    io.park_sq(s, cx.waker());
+                    return Poll::Pending;
+                }
+                let f = s.fetch.take_if(|f| f.owner == owner);
+                Poll::Ready(Ok(f.expect("a live recv_into's fetch stays until it takes it")))
+            })
+            .await
+            .expect("never fails");
+        take_user(dest.into_dest())
+    }
+}
+
+fn take_user<B: IoBufMut + std::fmt::Debug>(dest: Box<dyn FetchBuf>) -> B {
+    match dest.into_any().downcast::<UserDest<B>>() {
+        Ok(d) => d.0,
+        Err(_) => unreachable!("a fetch returns the destination it was given"),
+    }
+}
+
+fn copy_into<B: IoBufMut>(buf: &mut B, bytes: &[u8]) {
+    assert!(bytes.len() <= buf.bytes_total());
+    // SAFETY: `buf` has `bytes_total()` bytes of stable writable memory, the source is
+    // another allocation, and the copied bytes are then initialised.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.stable_mut_ptr(), bytes.len());
+        buf.set_init(bytes.len());
+    }
+}
