@@ -23,8 +23,10 @@ fn addr(port: u16) -> SocketAddr {
 const BIG: usize = 1 << 20;
 const SMALL: usize = 32 << 10;
 
+/// Rendezvous off: these are the chunked paths (tests/conn_rendezvous.rs has the other).
 fn opts() -> ConnectOptions {
     ConnectOptions::default()
+        .rendezvous_threshold(None)
         .recv_buf_size(64 << 10)
         .user_pool(PoolConfig::default().classes([SizeClass::new(BIG, 4)]))
 }

@@ -84,8 +84,15 @@ pub struct ConnStats {
     /// Message bytes copied into the connection's staging buffers to be sent.
     pub send_bytes_copied: u64,
     /// Message bytes sent straight from the application's registered memory
-    /// ([`send_bytes`](Connection::send_bytes), [`send_buf`](Connection::send_buf)).
+    /// ([`send_bytes`](Connection::send_bytes), [`send_buf`](Connection::send_buf)),
+    /// including the messages the peer read by rendezvous (whose 24-byte descriptors count as
+    /// inline).
     pub send_bytes_zero_copy: u64,
+    /// Received message bytes the CPU copied: chunks reassembled into one message, messages
+    /// copied into a [`recv_into`](Connection::recv_into) buffer.
+    pub recv_bytes_copied: u64,
+    /// Received message bytes the device read by rendezvous straight into their destination.
+    pub recv_bytes_fetched: u64,
     /// The connection's private receive pool, registered once at setup:
     /// `(2 x recv_credits + 3)` buffers of `recv_buf_size` bytes (posted receives, as many
     /// again held by the application, and the control receives). Its `bytes_registered` is
@@ -364,9 +371,9 @@ impl Connection {
 
     /// Counters of this connection.
     pub fn stats(&self) -> ConnStats {
-        let (protocol, held, sent) = {
+        let (protocol, held, sent, recvd) = {
             let s = self.shared.io.lock();
-            (s.proto.counters(), s.proto.held().0, s.sent_bytes)
+            (s.proto.counters(), s.proto.held().0, s.sent_bytes, s.recv_bytes)
         };
         ConnStats {
             protocol,
@@ -375,6 +382,8 @@ impl Connection {
             send_bytes_inline: sent.inline,
             send_bytes_copied: sent.staged,
             send_bytes_zero_copy: sent.zero_copy,
+            recv_bytes_copied: recvd.copied + protocol.bytes_reassembled,
+            recv_bytes_fetched: recvd.fetched,
             recv_pool: self.shared.io.pool().metrics(),
             staging_pool: self.shared.io.staging().metrics(),
         }

@@ -169,6 +169,7 @@ impl Connection {
                     if io.post_chunk(s, chunk, src, &mut staging) {
                         if let Some(seq) = chunk.rendezvous {
                             let r = rdv.take().expect("one descriptor per rendezvous message");
+                            s.sent_bytes.zero_copy += r.len();
                             s.rdv_held.push((seq, r));
                         }
                         Poll::Ready(Ok(chunk.last))

@@ -174,6 +174,8 @@ pub struct ConnCounters {
     pub rendezvous_sent: u64,
     /// Messages received by rendezvous (read from the peer's memory).
     pub rendezvous_received: u64,
+    /// Bytes copied to reassemble chunked messages.
+    pub bytes_reassembled: u64,
 }
 
 #[derive(Debug)]

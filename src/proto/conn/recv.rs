@@ -149,11 +149,13 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             (MsgKind::More, acc) => {
                 let mut acc = acc.unwrap_or_default();
                 acc.extend_from_slice(&data[..len]);
+                self.counters.bytes_reassembled += len as u64;
                 self.rx.assembling = Some(acc);
                 drop(buf);
             }
             (_, Some(mut acc)) => {
                 acc.extend_from_slice(&data[..len]);
+                self.counters.bytes_reassembled += len as u64;
                 drop(buf);
                 self.deliver(Delivery::Assembled(acc));
             }

@@ -89,7 +89,7 @@ struct Sim {
     cfg: ConnConfig,
 }
 
-fn config(credits: u32, chunk: u32) -> ConnConfig {
+pub(super) fn config(credits: u32, chunk: u32) -> ConnConfig {
     ConnConfig {
         send_credits: credits,
         recv_credits: credits,
@@ -594,14 +594,14 @@ fn a_failure_resolves_every_waiter_and_is_never_a_clean_close() {
     assert_eq!(p.recvs_to_post(), 0);
 }
 
-fn hostile(cfg: ConnConfig) -> ConnProto<Vec<u8>> {
+pub(super) fn hostile(cfg: ConnConfig) -> ConnProto<Vec<u8>> {
     let mut p = ConnProto::new(cfg, Instant::now());
     let n = p.recvs_to_post();
     p.recvs_posted(n);
     p
 }
 
-fn imm(kind: MsgKind, credits: u16) -> Option<u32> {
+pub(super) fn imm(kind: MsgKind, credits: u16) -> Option<u32> {
     Some(
         MsgHeader {
             kind,

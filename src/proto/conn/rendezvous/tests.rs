@@ -1,0 +1,166 @@
+//! Rendezvous against a lying peer, and the sender's side of the exchange.
+
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use super::super::tests::{config, hostile, imm};
+use super::*;
+use crate::proto::conn::ConnConfig;
+use crate::proto::msg::MsgHeader;
+use crate::error::{ProtocolError, QpFailure};
+
+fn cx() -> Context<'static> {
+    Context::from_waker(futures::task::noop_waker_ref())
+}
+
+/// Feeds `payload` as a rendezvous message (a 64-byte receive buffer).
+fn descriptor(p: &mut ConnProto<Vec<u8>>, payload: &[u8]) {
+    let mut buf = vec![0u8; 64];
+    buf[..payload.len()].copy_from_slice(payload);
+    p.handle_recv(
+        Ok((payload.len() as u32, imm(MsgKind::Rendezvous, 0))),
+        buf,
+    );
+}
+
+fn failure(p: &ConnProto<Vec<u8>>) -> Option<ProtocolError> {
+    match p.failure() {
+        Some(QpFailure::Protocol(e)) => Some(*e),
+        None => None,
+        other => panic!("unexpected failure {other:?}"),
+    }
+}
+
+#[test]
+fn malformed_descriptors_are_violations() {
+    let good = RemoteMsg::encode(0x1000, 100, 7);
+    let mut reserved = good;
+    reserved[23] = 1;
+    let zero = RemoteMsg::encode(0x1000, 0, 7);
+    let huge = RemoteMsg::encode(0x1000, 64 * 6 + 1, 7);
+    let cases: [(&str, &[u8], ProtocolError); 4] = [
+        ("short", &good[..20], ProtocolError::BadDescriptor),
+        ("reserved bits", &reserved, ProtocolError::BadDescriptor),
+        ("empty message", &zero, ProtocolError::BadDescriptor),
+        ("over the maximum", &huge, ProtocolError::MessageTooLarge(384)),
+    ];
+    for (what, payload, want) in cases {
+        let mut p = hostile(config(2, 64));
+        descriptor(&mut p, payload);
+        assert_eq!(failure(&p), Some(want), "{what}");
+    }
+    // Not negotiated.
+    let mut p = hostile(ConnConfig {
+        rendezvous: false,
+        ..config(2, 64)
+    });
+    descriptor(&mut p, &good);
+    assert_eq!(failure(&p), Some(ProtocolError::RendezvousNotOffered));
+    // In the middle of a chunked message.
+    let mut p = hostile(config(2, 64));
+    p.handle_recv(Ok((64, imm(MsgKind::More, 0))), vec![0u8; 64]);
+    descriptor(&mut p, &good);
+    assert_eq!(failure(&p), Some(ProtocolError::RendezvousMidMessage));
+}
+
+#[test]
+fn a_peer_past_the_window_is_a_violation_and_reads_free_the_window() {
+    let mut p = hostile(config(16, 64));
+    let mut cx = cx();
+    for i in 0..RDV_WINDOW {
+        descriptor(&mut p, &RemoteMsg::encode(u64::from(i) << 12, 10, i));
+        // The receive goes straight back: a descriptor holds no buffer.
+        let n = p.recvs_to_post();
+        p.recvs_posted(n);
+    }
+    assert_eq!(failure(&p), None);
+    // Read the first: it is the oldest, and its acknowledgement goes out.
+    let Poll::Ready(Ok(Some(Delivery::Remote(m)))) = p.poll_recv(&mut cx) else {
+        panic!("the first descriptor");
+    };
+    assert_eq!((m.addr, m.len, m.rkey, m.seq), (0, 10, 0, 0));
+    assert!(p.poll_recv(&mut cx).is_pending(), "nothing while reading");
+    assert!(p.peek_recv().is_none());
+    p.fetch_done(Ok(()));
+    let t = p.poll_transmit(Instant::now()).expect("Fetched");
+    assert_eq!(t.kind, MsgKind::Fetched);
+    assert_eq!(MsgHeader::decode(t.imm).unwrap().credits, 0);
+    p.fetch_taken();
+    assert_eq!(p.held().0, 10);
+    p.consumed(false, 10);
+    // One slot free again: one more is fine, two more are not.
+    descriptor(&mut p, &RemoteMsg::encode(0x9000, 10, 8));
+    assert_eq!(failure(&p), None);
+    descriptor(&mut p, &RemoteMsg::encode(0xa000, 10, 9));
+    assert_eq!(failure(&p), Some(ProtocolError::RendezvousOverrun));
+}
+
+#[test]
+fn acknowledgements_must_name_the_oldest_read() {
+    let mut p = hostile(config(4, 64));
+    // Nothing in flight.
+    p.handle_recv(Ok((0, imm(MsgKind::Fetched, 0))), Vec::new());
+    assert_eq!(failure(&p), Some(ProtocolError::StrayFetched));
+
+    let mut p = hostile(config(4, 64));
+    let mut cx = cx();
+    let a = p.start_send_rendezvous(300).unwrap();
+    let b = p.start_send_rendezvous(200).unwrap();
+    for (id, seq) in [(a, 0), (b, 1)] {
+        let Poll::Ready(Ok(c)) = p.poll_chunk(id, &mut cx) else {
+            panic!("descriptor");
+        };
+        assert_eq!((c.len, c.last, c.rendezvous), (DESCRIPTOR_LEN, true, Some(seq)));
+    }
+    assert!(p.poll_fetched(a, &mut cx).is_pending());
+    // Out of order: the peer reads in message order.
+    p.handle_recv(Ok((0, imm(MsgKind::Fetched, 1))), Vec::new());
+    assert_eq!(failure(&p), Some(ProtocolError::StrayFetched));
+}
+
+#[test]
+fn the_sender_releases_only_after_the_read_even_when_cancelled() {
+    let mut p = hostile(config(4, 64));
+    let mut cx = cx();
+    let a = p.start_send_rendezvous(300).unwrap();
+    let Poll::Ready(Ok(_)) = p.poll_chunk(a, &mut cx) else {
+        panic!("descriptor");
+    };
+    p.close();
+    p.cancel_send(a);
+    assert_eq!(p.take_released().count(), 0, "still readable by the peer");
+    assert!(
+        p.poll_transmit(Instant::now()).is_none(),
+        "end of stream waits for the read"
+    );
+    p.handle_recv(Ok((0, imm(MsgKind::Fetched, 0))), Vec::new());
+    assert_eq!(failure(&p), None);
+    assert_eq!(p.take_released().collect::<Vec<_>>(), vec![0]);
+    assert_eq!(p.counters().rendezvous_sent, 1);
+    let t = p.poll_transmit(Instant::now()).expect("end of stream");
+    assert_eq!(t.kind, MsgKind::Close);
+    // Rendezvous needs negotiation and a non-empty message.
+    let mut q = hostile(ConnConfig {
+        rendezvous: false,
+        ..config(2, 64)
+    });
+    assert!(q.start_send_rendezvous(10).is_err());
+    assert!(p.start_send_rendezvous(0).is_err());
+}
+
+#[test]
+fn the_window_holds_the_ninth_send_back() {
+    let mut p = hostile(config(16, 64));
+    let mut cx = cx();
+    let ids: Vec<u64> = (0..=RDV_WINDOW)
+        .map(|_| p.start_send_rendezvous(100).unwrap())
+        .collect();
+    for &id in &ids[..RDV_WINDOW as usize] {
+        assert!(p.poll_chunk(id, &mut cx).is_ready());
+    }
+    let last = ids[RDV_WINDOW as usize];
+    assert!(p.poll_chunk(last, &mut cx).is_pending(), "window full");
+    p.handle_recv(Ok((0, imm(MsgKind::Fetched, 0))), Vec::new());
+    assert!(p.poll_fetched(ids[0], &mut cx).is_ready());
+    assert!(p.poll_chunk(last, &mut cx).is_ready(), "room again");
+}
