@@ -111,8 +111,10 @@ async fn sixteen_mib_by_rendezvous_with_zero_copies_and_order_kept() {
                 (got.expect("recv_into"), b[..].to_vec())
             }
         };
-        let (sent, (len, got)) =
-            within(120, "recv_into", async { tokio::join!(client.send_bytes(bytes), into) }).await;
+        let (sent, (len, got)) = within(120, "recv_into", async {
+            tokio::join!(client.send_bytes(bytes), into)
+        })
+        .await;
         sent.expect("send_bytes of heap Bytes: registered for the peer's read");
         assert_eq!(len, Some(BIG));
         assert!(got[..] == want[..], "round {round}: bytes intact");
@@ -145,7 +147,10 @@ async fn sixteen_mib_by_rendezvous_with_zero_copies_and_order_kept() {
     drop((client, server));
     tokio::time::sleep(Duration::from_millis(200)).await;
     println!("memory regions before {mrs_before}, after {}", mrs());
-    assert!(mrs() <= mrs_before, "every per-message registration is gone");
+    assert!(
+        mrs() <= mrs_before,
+        "every per-message registration is gone"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -188,10 +193,16 @@ async fn dropped_futures_neither_lose_nor_leak() {
             tokio::task::yield_now().await;
         }
     };
-    let (sent, ()) = within(120, "dropped recv_into", async { tokio::join!(send, dropped) }).await;
+    let (sent, ()) = within(120, "dropped recv_into", async {
+        tokio::join!(send, dropped)
+    })
+    .await;
     sent.expect("the send completes: the read finished into the dropped buffer");
     let before = server.stats().recv_bytes_copied;
-    let got = within(60, "next recv", server.recv()).await.unwrap().unwrap();
+    let got = within(60, "next recv", server.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(got[..] == pattern[..], "delivered to the next receive");
     println!(
         "after a dropped recv_into: copied {} B",

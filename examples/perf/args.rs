@@ -122,6 +122,28 @@ pub struct TestConfig {
     /// msg tests: send from the connection's registered pool (`Connection::send_bytes`, no
     /// copy) instead of a plain slice (copied into staging buffers).
     pub zero_copy: bool,
+    /// msg tests: how large zero-copy messages travel (see [`Rendezvous`]).
+    pub rendezvous: Rendezvous,
+}
+
+/// msg tests: rendezvous for the messages of `--zero-copy` sends (the crate's threshold,
+/// 256 KiB), received with `recv` (a buffer registered per message) or `recv_into` (one pool
+/// buffer, reused), or off (chunked through the receive buffers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Rendezvous {
+    Off,
+    Recv,
+    Into,
+}
+
+impl Rendezvous {
+    fn name(self) -> &'static str {
+        match self {
+            Rendezvous::Off => "off",
+            Rendezvous::Recv => "recv",
+            Rendezvous::Into => "into",
+        }
+    }
 }
 
 impl TestConfig {
@@ -129,7 +151,7 @@ impl TestConfig {
     pub fn encode(&self) -> String {
         let sizes: Vec<String> = self.sizes.iter().map(|s| s.to_string()).collect();
         format!(
-            "test={} sizes={} iters={} warmup={} depth={} rx_depth={} qps={} mode={} inline={} signal_every={} coalesce={} engine={} zero_copy={}",
+            "test={} sizes={} iters={} warmup={} depth={} rx_depth={} qps={} mode={} inline={} signal_every={} coalesce={} engine={} zero_copy={} rendezvous={}",
             self.test.name(),
             sizes.join(","),
             self.iters,
@@ -143,6 +165,7 @@ impl TestConfig {
             u8::from(self.coalesce),
             if self.verbs { "verbs" } else { "async" },
             u8::from(self.zero_copy),
+            self.rendezvous.name(),
         )
     }
 
@@ -161,6 +184,7 @@ impl TestConfig {
             coalesce: false,
             verbs: false,
             zero_copy: false,
+            rendezvous: Rendezvous::Recv,
         };
         for kv in line.split_whitespace() {
             let (k, v) = kv.split_once('=').ok_or(format!("bad field {kv}"))?;
@@ -181,6 +205,14 @@ impl TestConfig {
                 "coalesce" => c.coalesce = v == "1",
                 "engine" => c.verbs = v == "verbs",
                 "zero_copy" => c.zero_copy = v == "1",
+                "rendezvous" => {
+                    c.rendezvous = match v {
+                        "off" => Rendezvous::Off,
+                        "recv" => Rendezvous::Recv,
+                        "into" => Rendezvous::Into,
+                        _ => return Err(format!("unknown rendezvous mode {v}")),
+                    }
+                }
                 _ => return Err(format!("unknown field {k}")),
             }
         }
@@ -367,6 +399,15 @@ struct Cli {
     /// (Connection::send_bytes; the msg_lat server echoes the received buffer back the same way)
     #[arg(long, help_heading = "Client options")]
     zero_copy: bool,
+    /// msg tests with --zero-copy: large messages by rendezvous received with recv (a buffer
+    /// registered per message) or recv_into (one pool buffer, reused), or off (chunked)
+    #[arg(
+        long,
+        value_enum,
+        default_value = "recv",
+        help_heading = "Client options"
+    )]
+    rendezvous: Rendezvous,
     /// QpOptions::signal_every (the driver's default)
     #[arg(
         long,
@@ -530,6 +571,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
                 coalesce: cli.coalesce.unwrap_or(!test.is_lat()),
                 verbs,
                 zero_copy: cli.zero_copy,
+                rendezvous: cli.rendezvous,
             };
             if cfg.zero_copy && !test.is_msg() {
                 return bad("--zero-copy applies to the msg_* tests");

@@ -11,7 +11,7 @@ use tokio_rdma::conn::{ConnectOptions, Connection};
 use tokio_rdma::verbs::{PortState, ProtectionDomain};
 use tokio_rdma::{Endpoint, EndpointOptions};
 
-use crate::args::{Test, TestConfig};
+use crate::args::{Rendezvous, Test, TestConfig};
 use crate::setup::{Ctrl, Res, Side};
 
 /// The options both sides use: the crate's defaults, with the inline limit of `--inline` and,
@@ -28,10 +28,14 @@ fn conn_options(cfg: &TestConfig) -> ConnectOptions {
         opts = opts.max_message_size(max).recv_budget(2 * max);
     }
     if cfg.zero_copy {
-        // One registered buffer per size, reused for every send (its bytes never change).
+        // One registered buffer per size, reused for every send (its bytes never change), and
+        // one for recv_into.
         opts = opts.user_pool(
-            PoolConfig::default().classes([SizeClass::new(cfg.max_size(), cfg.sizes.len())]),
+            PoolConfig::default().classes([SizeClass::new(cfg.max_size(), cfg.sizes.len() + 1)]),
         );
+    }
+    if cfg.rendezvous == Rendezvous::Off {
+        opts = opts.rendezvous_threshold(None);
     }
     opts
 }
@@ -169,22 +173,34 @@ pub async fn client(
         }
         _ => {
             if cfg.warmup > 0 {
-                stream(conn, &msg, cfg.warmup, &mut Vec::new()).await?;
+                stream(conn, &msg, cfg.warmup, cfg.depth, &mut Vec::new()).await?;
             }
             mark(cfg.warmup);
-            stream(conn, &msg, cfg.iters, samples).await?;
+            stream(conn, &msg, cfg.iters, cfg.depth, samples).await?;
         }
     }
     Ok(cfg.iters as u64)
 }
 
-/// Sends `n` messages back to back (each send waits only for a credit), then waits for the
+/// Sends `n` messages back to back, `depth` sends at once (a chunked send resolves when its
+/// chunks are posted, a rendezvous send when the receiver read it), then waits for the
 /// receiver's 1-byte acknowledgement of the last.
-async fn stream(conn: &Connection, msg: &Payload, n: usize, samples: &mut Vec<f64>) -> Res<()> {
-    for _ in 0..n {
-        let t = Instant::now();
-        msg.send(conn).await?;
-        samples.push(us(t.elapsed()));
+async fn stream(
+    conn: &Connection,
+    msg: &Payload,
+    n: usize,
+    depth: usize,
+    samples: &mut Vec<f64>,
+) -> Res<()> {
+    use futures::StreamExt;
+    let mut sends = futures::stream::iter(0..n)
+        .map(|_| async {
+            let t = Instant::now();
+            msg.send(conn).await.map(|()| us(t.elapsed()))
+        })
+        .buffered(depth.max(1));
+    while let Some(r) = sends.next().await {
+        samples.push(r?);
     }
     let ack = conn.recv().await?.ok_or("the server closed early")?;
     if ack.len() != 1 {
@@ -212,6 +228,25 @@ pub async fn server(side: &Side, cfg: &TestConfig, size: usize) -> Res<()> {
                     conn.send_bytes(m.into_bytes()).await?;
                 } else {
                     conn.send(&m[..]).await?;
+                }
+            }
+        }
+        _ if cfg.rendezvous == Rendezvous::Into => {
+            // One buffer of the connection's pool, read into again and again.
+            let mut buf = conn.pool()?.acquire(size).await?;
+            for n in [cfg.warmup, cfg.iters] {
+                for _ in 0..n {
+                    let (got, b) = conn.recv_into(buf).await;
+                    buf = b;
+                    match got? {
+                        Some(len) if len == size => {}
+                        other => {
+                            return Err(format!("recv_into: {other:?}, expected {size}").into());
+                        }
+                    }
+                }
+                if n > 0 {
+                    conn.send(&[1]).await?;
                 }
             }
         }

@@ -373,7 +373,12 @@ impl Connection {
     pub fn stats(&self) -> ConnStats {
         let (protocol, held, sent, recvd) = {
             let s = self.shared.io.lock();
-            (s.proto.counters(), s.proto.held().0, s.sent_bytes, s.recv_bytes)
+            (
+                s.proto.counters(),
+                s.proto.held().0,
+                s.sent_bytes,
+                s.recv_bytes,
+            )
         };
         ConnStats {
             protocol,

@@ -473,7 +473,9 @@ impl ConnIo {
 
     /// Whether a rendezvous READ is on the device.
     pub(crate) fn fetch_on_device(&self, s: &ConnState) -> bool {
-        s.sends.iter().any(|(_, sent)| matches!(sent, Sent::Fetch { .. }))
+        s.sends
+            .iter()
+            .any(|(_, sent)| matches!(sent, Sent::Fetch { .. }))
     }
 
     /// Wakes `waker` at the next send completion.

@@ -281,7 +281,11 @@ impl Connection {
     /// larger than that stays queued and [`Error::InvalidArgument`] says so.
     async fn next(&self, wait: &mut Progress<'_>, fits: Option<usize>, owner: u64) -> Result<Next> {
         wait.run(|s, cx| {
-            if let Some(f) = s.fetch.as_ref().filter(|_| s.proto.fetch_ready() == Some(true)) {
+            if let Some(f) = s
+                .fetch
+                .as_ref()
+                .filter(|_| s.proto.fetch_ready() == Some(true))
+            {
                 if f.owner != 0 && f.owner != owner {
                     // Another live `recv_into`'s buffer: that call takes it.
                     s.proto.park_recv(cx);
@@ -338,8 +342,8 @@ impl Connection {
                     // Allocated and registered outside the connection's lock.
                     let mut v = zeroed(m.len as usize)?;
                     let at = (v.as_mut_ptr(), None);
-                    let fetch = Fetch::new(&self.shared.pd, m, at, Box::new(v), 0)
-                        .map_err(|(e, _)| e)?;
+                    let fetch =
+                        Fetch::new(&self.shared.pd, m, at, Box::new(v), 0).map_err(|(e, _)| e)?;
                     drop(self.start_fetch(fetch));
                 }
                 Next::Fetched(f) => {
@@ -471,7 +475,11 @@ impl Connection {
     }
 
     /// After a failure: the caller's buffer, once no read into it is on the device.
-    async fn reclaim<B: IoBufMut + std::fmt::Debug>(&self, wait: &mut Progress<'_>, owner: u64) -> B {
+    async fn reclaim<B: IoBufMut + std::fmt::Debug>(
+        &self,
+        wait: &mut Progress<'_>,
+        owner: u64,
+    ) -> B {
         let io = &self.shared.io;
         let dest = wait
             .run(|s, cx| {
@@ -480,7 +488,9 @@ impl Connection {
                     return Poll::Pending;
                 }
                 let f = s.fetch.take_if(|f| f.owner == owner);
-                Poll::Ready(Ok(f.expect("a live recv_into's fetch stays until it takes it")))
+                Poll::Ready(Ok(
+                    f.expect("a live recv_into's fetch stays until it takes it")
+                ))
             })
             .await
             .expect("never fails");

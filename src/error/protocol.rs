@@ -1,7 +1,7 @@
 //! [`ProtocolError`]: how a peer broke the connection protocol, and its wire codes.
 
-/// How a peer broke the connection protocol. Carried by [`QpFailure::Protocol`] (detected
-/// locally) and [`QpFailure::PeerReported`] (the peer's verdict on this side).
+/// How a peer broke the connection protocol. Carried by [`QpFailure::Protocol`](super::QpFailure::Protocol) (detected
+/// locally) and [`QpFailure::PeerReported`](super::QpFailure::PeerReported) (the peer's verdict on this side).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProtocolError {
@@ -99,4 +99,3 @@ impl ProtocolError {
         }
     }
 }
-

@@ -128,7 +128,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         self.wake_front();
         if header.kind == MsgKind::Rendezvous {
             let data = buf.as_ref();
-            let got = data.get(..len as usize).ok_or(ProtocolError::BadDescriptor)?;
+            let got = data
+                .get(..len as usize)
+                .ok_or(ProtocolError::BadDescriptor)?;
             self.receive_descriptor(got)?;
             drop(buf);
             self.repost_data();

@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use super::super::tests::{config, hostile, imm};
 use super::*;
+use crate::error::{ProtocolError, QpFailure};
 use crate::proto::conn::ConnConfig;
 use crate::proto::msg::MsgHeader;
-use crate::error::{ProtocolError, QpFailure};
 
 fn cx() -> Context<'static> {
     Context::from_waker(futures::task::noop_waker_ref())
@@ -17,10 +17,7 @@ fn cx() -> Context<'static> {
 fn descriptor(p: &mut ConnProto<Vec<u8>>, payload: &[u8]) {
     let mut buf = vec![0u8; 64];
     buf[..payload.len()].copy_from_slice(payload);
-    p.handle_recv(
-        Ok((payload.len() as u32, imm(MsgKind::Rendezvous, 0))),
-        buf,
-    );
+    p.handle_recv(Ok((payload.len() as u32, imm(MsgKind::Rendezvous, 0))), buf);
 }
 
 fn failure(p: &ConnProto<Vec<u8>>) -> Option<ProtocolError> {
@@ -42,7 +39,11 @@ fn malformed_descriptors_are_violations() {
         ("short", &good[..20], ProtocolError::BadDescriptor),
         ("reserved bits", &reserved, ProtocolError::BadDescriptor),
         ("empty message", &zero, ProtocolError::BadDescriptor),
-        ("over the maximum", &huge, ProtocolError::MessageTooLarge(384)),
+        (
+            "over the maximum",
+            &huge,
+            ProtocolError::MessageTooLarge(384),
+        ),
     ];
     for (what, payload, want) in cases {
         let mut p = hostile(config(2, 64));
@@ -110,7 +111,10 @@ fn acknowledgements_must_name_the_oldest_read() {
         let Poll::Ready(Ok(c)) = p.poll_chunk(id, &mut cx) else {
             panic!("descriptor");
         };
-        assert_eq!((c.len, c.last, c.rendezvous), (DESCRIPTOR_LEN, true, Some(seq)));
+        assert_eq!(
+            (c.len, c.last, c.rendezvous),
+            (DESCRIPTOR_LEN, true, Some(seq))
+        );
     }
     assert!(p.poll_fetched(a, &mut cx).is_pending());
     // Out of order: the peer reads in message order.
