@@ -66,13 +66,21 @@ impl Connection {
     /// them, so their memory returns to its pool only then. Other bytes are copied as `send`
     /// copies them. [`ConnStats`](super::ConnStats) counts the bytes sent each way.
     ///
+    /// A message of at least
+    /// [`ConnectOptions::rendezvous_threshold`](super::ConnectOptions::rendezvous_threshold)
+    /// bytes (default 256 KiB) goes by rendezvous when the peer takes part, from any memory:
+    /// its bytes are registered for the peer to RDMA READ (READ-only, this connection only),
+    /// the peer reads them straight into its destination, and this resolves once it has (the
+    /// registration is then dropped). No copy on either side.
+    ///
     /// # Errors
     ///
     /// As [`send`](Self::send).
     ///
     /// # Cancel safety
     ///
-    /// As [`send`](Self::send).
+    /// As [`send`](Self::send). A rendezvous message whose descriptor went out is delivered
+    /// whole; its bytes stay with the connection until the peer read them.
     ///
     /// # Examples
     ///
