@@ -31,7 +31,8 @@ use common::{pattern, within};
 use raw_peer::{RawListener, RawOpts, RawPeer, Seen};
 use tokio::task::JoinHandle;
 use tokio_rdma::buf::{RemoteAccess, RemoteToken};
-use tokio_rdma::conn::wire::{MsgHeader, MsgKind};
+use tokio_rdma::conn::handshake::Flags;
+use tokio_rdma::conn::wire::{MsgHeader, MsgKind, RemoteMsg};
 use tokio_rdma::conn::{Connection, Listener};
 use tokio_rdma::{Error, ProtocolError, QpFailure, WcStatus};
 
@@ -120,10 +121,10 @@ async fn malformed_headers_fail_only_that_connection() {
     };
     let cases: Vec<(&str, usize, Option<u32>, ProtocolError)> = vec![
         (
-            "unknown kind 6",
+            "unknown kind 8",
             16,
-            Some(6 << 28),
-            ProtocolError::BadHeader(6 << 28),
+            Some(8 << 28),
+            ProtocolError::BadHeader(8 << 28),
         ),
         (
             "reserved bit 24 set (a Last chunk)",
@@ -154,6 +155,18 @@ async fn malformed_headers_fail_only_that_connection() {
             0,
             Some(header(MsgKind::Abort, 0)),
             ProtocolError::StrayAbort,
+        ),
+        (
+            "a rendezvous descriptor from a peer that did not offer rendezvous",
+            24,
+            Some(header(MsgKind::Rendezvous, 0)),
+            ProtocolError::RendezvousNotOffered,
+        ),
+        (
+            "a rendezvous acknowledgement for nothing in flight",
+            0,
+            Some(header(MsgKind::Fetched, 0)),
+            ProtocolError::StrayFetched,
         ),
     ];
     for (what, len, imm, want) in cases {
@@ -236,7 +249,7 @@ async fn a_peer_that_never_takes_the_error_report_is_still_let_go() {
                 }
             }
             let t0 = Instant::now();
-            peer.post_send(16, 1, Some(6 << 28));
+            peer.post_send(16, 1, Some(8 << 28));
             let done = peer.wait_until(Duration::from_secs(60), |p| p.disconnected());
             (peer, t0, done.then(|| t0.elapsed()))
         })
@@ -251,7 +264,7 @@ async fn a_peer_that_never_takes_the_error_report_is_still_let_go() {
                 .collect::<Vec<_>>()
         );
         assert!(
-            is_protocol(&end, ProtocolError::BadHeader(6 << 28)),
+            is_protocol(&end, ProtocolError::BadHeader(8 << 28)),
             "{case}: {end:?}"
         );
         let disc = disc.unwrap_or_else(|| {
@@ -773,4 +786,36 @@ async fn a_grant_is_unreachable_from_another_connection() {
     );
     drop(grant);
     sink.abort();
+}
+
+// ---- rendezvous: a descriptor naming memory the peer never opened ------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_lying_rendezvous_descriptor_fails_only_that_connection() {
+    let mut bench = Bench::new(7318, opts(4, 4096, 1 << 20)).await;
+    let mut params = raw_params(4, 4096, 1 << 20);
+    params.flags = params.flags | Flags::RENDEZVOUS;
+    let (mut peer, conn) = bench.hostile(RawOpts::new(params)).await;
+    let server = collect(conn);
+    let peer = blocking(move || {
+        // 64 KiB at a made-up address under a made-up rkey: the server's READ must fail.
+        let desc = RemoteMsg::encode(0x7f00_dead_0000, 64 << 10, 0x00de_ad42);
+        let imm = peer.header(MsgKind::Rendezvous);
+        peer.post_send_bytes(&desc, Some(imm));
+        let done = peer.wait_until(Duration::from_secs(60), |p| p.disconnected());
+        assert!(done, "no DISCONNECTED within 60 s; saw {:?}", peer.log);
+        peer
+    })
+    .await;
+    let (msgs, end, _, conn) = within(60, "server", server).await.expect("server task");
+    println!("a lying descriptor: server recv() -> {end:?}");
+    assert!(msgs.is_empty(), "nothing delivered");
+    assert!(
+        matches!(&end, Err(Error::QpFailed(QpFailure::WorkCompletion { .. }))),
+        "the failed READ's status: {end:?}"
+    );
+    drop(conn);
+    blocking(move || drop(peer)).await;
+    bench.survived("a lying rendezvous descriptor").await;
 }

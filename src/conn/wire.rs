@@ -3,7 +3,9 @@
 //! whose 32-bit immediate is a [`MsgHeader`] (`kind:4 | reserved:4 | ctrl_ack:8 |
 //! credits:16`, see `docs/connections.md`). Each side keeps [`CONTROL_RECVS`] receives for
 //! control messages besides its data credits, and has at most [`CONTROL_WINDOW`] control
-//! messages unconfirmed.
+//! messages unconfirmed. A rendezvous message is a `Rendezvous` SEND whose payload is a
+//! [`DESCRIPTOR_LEN`]-byte descriptor ([`RemoteMsg::encode`]); at most [`RDV_WINDOW`] are
+//! unacknowledged (by `Fetched`) at a time.
 //!
 //! # Examples
 //!
@@ -14,5 +16,7 @@
 //! assert_eq!(MsgHeader::decode(h.encode()).unwrap(), h);
 //! ```
 
-pub use crate::proto::conn::{CONTROL_RECVS, CONTROL_WINDOW};
+pub use crate::proto::conn::{
+    CONTROL_RECVS, CONTROL_WINDOW, DESCRIPTOR_LEN, RDV_WINDOW, RemoteMsg,
+};
 pub use crate::proto::{MsgHeader, MsgKind};

@@ -252,6 +252,16 @@ impl RawPeer {
     /// Posts a SEND of `len` bytes (a pattern seeded with `seed`) with immediate data `imm`
     /// (`None`: a plain SEND). Waits only for a free send slot.
     pub fn post_send(&mut self, len: usize, seed: u8, imm: Option<u32>) {
+        let data: Vec<u8> = (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect();
+        self.post_send_bytes(&data, imm);
+    }
+
+    /// Posts a SEND of `data` with immediate data `imm` (`None`: a plain SEND). Waits only for
+    /// a free send slot.
+    pub fn post_send_bytes(&mut self, data: &[u8], imm: Option<u32>) {
+        let len = data.len();
         assert!(len <= self.opts.send_size, "send of {len} bytes: too large");
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.sends_posted - self.sends_done >= SEND_SLOTS {
@@ -261,10 +271,7 @@ impl RawPeer {
         }
         let at = (self.sends_posted % SEND_SLOTS) as usize * self.opts.send_size;
         if len > 0 {
-            let data: Vec<u8> = (0..len)
-                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-                .collect();
-            self.send_mem.write_at(at, &data);
+            self.send_mem.write_at(at, data);
         }
         let sge = [self.send_mem.sge(at..at + len)];
         let sges: &[Sge] = if len == 0 { &[] } else { &sge };

@@ -37,6 +37,15 @@ pub struct RemoteMsg {
 
 impl RemoteMsg {
     /// The descriptor's wire form.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::conn::wire::{DESCRIPTOR_LEN, RemoteMsg};
+    /// let d = RemoteMsg::encode(0x1000, 1 << 20, 0x42);
+    /// assert_eq!(d.len(), DESCRIPTOR_LEN as usize);
+    /// assert_eq!(&d[16..20], &0x42u32.to_be_bytes());
+    /// ```
     pub fn encode(addr: u64, len: u64, rkey: u32) -> [u8; DESCRIPTOR_LEN as usize] {
         let mut b = [0u8; DESCRIPTOR_LEN as usize];
         b[0..8].copy_from_slice(&addr.to_be_bytes());
