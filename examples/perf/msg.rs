@@ -173,18 +173,28 @@ pub async fn client(
         }
         _ => {
             if cfg.warmup > 0 {
-                stream(conn, &msg, cfg.warmup, cfg.depth, &mut Vec::new()).await?;
+                stream(conn, &msg, cfg.warmup, in_flight(cfg), &mut Vec::new()).await?;
             }
             mark(cfg.warmup);
-            stream(conn, &msg, cfg.iters, cfg.depth, samples).await?;
+            stream(conn, &msg, cfg.iters, in_flight(cfg), samples).await?;
         }
     }
     Ok(cfg.iters as u64)
 }
 
-/// Sends `n` messages back to back, `depth` sends at once (a chunked send resolves when its
-/// chunks are posted, a rendezvous send when the receiver read it), then waits for the
-/// receiver's 1-byte acknowledgement of the last.
+/// Sends at once: `depth` when large messages may go by rendezvous, else one.
+fn in_flight(cfg: &TestConfig) -> usize {
+    if cfg.zero_copy && cfg.rendezvous != Rendezvous::Off {
+        cfg.depth
+    } else {
+        1
+    }
+}
+
+/// Sends `n` messages back to back, then waits for the receiver's 1-byte acknowledgement of
+/// the last. A send resolves once its chunks are posted (the window is the receiver's
+/// credits), one after the other; a rendezvous send resolves only once the receiver read it,
+/// so with rendezvous `depth` sends run at once.
 async fn stream(
     conn: &Connection,
     msg: &Payload,
