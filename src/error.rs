@@ -176,6 +176,17 @@ pub enum Error {
     /// limits (`ibv_devinfo -v`); `ENOMEM`: raise `RLIMIT_MEMLOCK` or use smaller queues.
     #[error("ibv_create_qp failed{}", cause(Call::CreateQp, .0))]
     CreateQp(#[source] io::Error),
+    /// `ibv_create_srq` failed.
+    ///
+    /// What to do: `EINVAL`: keep the queue within `max_srq_wr` / `max_srq_sge`
+    /// (`ibv_devinfo -v`); `ENOMEM`: raise `RLIMIT_MEMLOCK` or use a smaller queue.
+    #[error("ibv_create_srq failed{}", cause(Call::CreateSrq, .0))]
+    CreateSrq(#[source] io::Error),
+    /// `ibv_modify_srq` (arming the limit) or `ibv_query_srq` failed.
+    ///
+    /// What to do: keep the limit below the queue's size; check the device supports limits.
+    #[error("ibv_modify_srq failed{}", cause(Call::ModifySrq, .0))]
+    ModifySrq(#[source] io::Error),
     /// `ibv_modify_qp` failed while moving the queue pair to `to`.
     ///
     /// What to do: check the attributes of that transition (port, GID index, MTU, the

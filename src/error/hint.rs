@@ -25,6 +25,8 @@ pub(crate) enum Call {
     OpenDevice,
     CreateCq,
     CreateQp,
+    CreateSrq,
+    ModifySrq,
     ModifyQp,
     RegMr,
     PostSend,
@@ -66,7 +68,7 @@ pub(crate) fn hint(call: Call, errno: i32) -> Option<&'static str> {
         }
         (BindAddr, libc::EINVAL) => "the id is already bound",
         (ResolveAddr, libc::EINVAL) => "the id is already bound to an address or connected",
-        (RegMr | CreateCq | CreateQp, libc::ENOMEM | libc::EPERM) => MEMLOCK,
+        (RegMr | CreateCq | CreateQp | CreateSrq, libc::ENOMEM | libc::EPERM) => MEMLOCK,
         (RegMr, libc::EFAULT) => {
             "the range is not mapped memory of this process (or RLIMIT_MEMLOCK / `ulimit -l` is \
              too low)"
@@ -74,6 +76,13 @@ pub(crate) fn hint(call: Call, errno: i32) -> Option<&'static str> {
         (CreateCq | CreateQp, libc::EINVAL) => {
             "a requested size exceeds the device's limits (max_cqe, max_qp_wr, max_sge, \
              max_inline_data: see `ibv_devinfo -v`)"
+        }
+        (CreateSrq, libc::EINVAL) => {
+            "a requested size exceeds the device's limits (max_srq_wr, max_srq_sge: see \
+             `ibv_devinfo -v`)"
+        }
+        (ModifySrq, libc::EINVAL) => {
+            "the limit is larger than the queue's size, or the device cannot arm SRQ limits"
         }
         (ModifyQp, libc::EINVAL) => {
             "an attribute is invalid for this transition (port, GID index, MTU, PSN, or the \
@@ -246,7 +255,7 @@ mod tests {
 
     #[test]
     fn memlock_hint_for_registration_and_queues() {
-        for call in [Call::RegMr, Call::CreateCq, Call::CreateQp] {
+        for call in [Call::RegMr, Call::CreateCq, Call::CreateQp, Call::CreateSrq] {
             assert!(
                 text(call, libc::ENOMEM).contains("RLIMIT_MEMLOCK"),
                 "{call:?}"

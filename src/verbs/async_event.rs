@@ -20,7 +20,9 @@ pub enum EventElement {
     Port(u8),
     /// The whole device.
     Device,
-    /// A shared receive queue or work queue (not used by this crate).
+    /// A shared receive queue, by [`SharedReceiveQueue::id`](super::SharedReceiveQueue::id).
+    Srq(usize),
+    /// A work queue (not used by this crate).
     Other,
 }
 
@@ -50,6 +52,7 @@ impl AsyncEvent {
                 | sys::IBV_EVENT_QP_REQ_ERR
                 | sys::IBV_EVENT_QP_ACCESS_ERR
                 | sys::IBV_EVENT_CQ_ERR
+                | sys::IBV_EVENT_SRQ_ERR
                 | sys::IBV_EVENT_DEVICE_FATAL
         )
     }
@@ -146,6 +149,9 @@ impl Context {
                     EventElement::Port(u8::try_from(ev.element.port_num).unwrap_or(0))
                 }
                 sys::IBV_EVENT_DEVICE_FATAL => EventElement::Device,
+                sys::IBV_EVENT_SRQ_ERR | sys::IBV_EVENT_SRQ_LIMIT_REACHED => {
+                    EventElement::Srq(ev.element.srq as usize)
+                }
                 _ => EventElement::Other,
             }
         };

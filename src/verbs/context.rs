@@ -83,6 +83,12 @@ pub struct DeviceAttr {
     pub phys_port_cnt: u8,
     /// Raw `device_cap_flags`.
     pub device_cap_flags: u32,
+    /// Maximum number of shared receive queues (0: none).
+    pub max_srq: u32,
+    /// Maximum work requests per shared receive queue.
+    pub max_srq_wr: u32,
+    /// Maximum scatter/gather entries per shared receive queue request.
+    pub max_srq_sge: u32,
 }
 
 impl DeviceAttr {
@@ -423,6 +429,9 @@ fn query_device(ctx: NonNull<sys::ibv_context>) -> Result<DeviceAttr> {
         atomic_cap: raw.atomic_cap,
         phys_port_cnt: raw.phys_port_cnt,
         device_cap_flags: raw.device_cap_flags,
+        max_srq: u(raw.max_srq),
+        max_srq_wr: u(raw.max_srq_wr),
+        max_srq_sge: u(raw.max_srq_sge),
     })
 }
 

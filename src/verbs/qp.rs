@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::cq::CompletionQueue;
 use super::pd::ProtectionDomain;
+use super::srq::SharedReceiveQueue;
 use super::types::{AccessFlags, Gid, Mtu};
 use super::wr::{RecvWr, STACK_CHAIN, SendWr, chain};
 use crate::error::{Error, Result};
@@ -113,6 +114,9 @@ pub struct QpInitAttr {
     pub caps: QpCaps,
     /// Signal every send-queue request regardless of its `signaled` flag.
     pub sq_sig_all: bool,
+    /// Take receives from this shared receive queue instead of a receive queue of its own
+    /// (`caps.max_recv_wr` is then ignored; the queue pair keeps the SRQ alive).
+    pub srq: Option<SharedReceiveQueue>,
 }
 
 impl QpInitAttr {
@@ -123,6 +127,7 @@ impl QpInitAttr {
             recv_cq: recv_cq.clone(),
             caps: QpCaps::default(),
             sq_sig_all: false,
+            srq: None,
         }
     }
 }
@@ -283,6 +288,8 @@ struct QpInner {
     pd: ProtectionDomain,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
+    /// Dropped after the QP (`Drop` destroys the QP first).
+    srq: Option<SharedReceiveQueue>,
 }
 
 // SAFETY: posting and modifying a QP are thread-safe in libibverbs (providers lock their
@@ -310,6 +317,10 @@ impl QueuePair {
             },
             qp_type: sys::IBV_QPT_RC,
             sq_sig_all: i32::from(attr.sq_sig_all),
+            srq: attr
+                .srq
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |q| q.as_ptr()),
             ..Default::default()
         };
         // SAFETY: the PD and CQs are alive and the QP keeps clones of them; `raw` is valid and
@@ -333,8 +344,14 @@ impl QueuePair {
                 pd: pd.clone(),
                 send_cq: attr.send_cq.clone(),
                 recv_cq: attr.recv_cq.clone(),
+                srq: attr.srq.clone(),
             }),
         })
+    }
+
+    /// The shared receive queue its receives come from, if created with one.
+    pub fn srq(&self) -> Option<&SharedReceiveQueue> {
+        self.inner.srq.as_ref()
     }
 
     /// The queue pair number.
@@ -599,38 +616,55 @@ impl QueuePair {
     ///
     /// [`Error::PostRecv`] with the index of the first request not posted.
     pub unsafe fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut stack = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); STACK_CHAIN];
-        let mut heap = Vec::new();
-        let list: &mut [sys::ibv_recv_wr] = if wrs.len() <= STACK_CHAIN {
-            for (slot, wr) in stack.iter_mut().zip(wrs) {
-                slot.write(wr.raw());
-            }
-            // SAFETY: the first `wrs.len()` slots were initialised just above.
-            unsafe { std::slice::from_raw_parts_mut(stack.as_mut_ptr().cast(), wrs.len()) }
-        } else {
-            heap.extend(wrs.iter().map(RecvWr::raw));
-            &mut heap
+        let post = |head, bad: &mut _| {
+            // SAFETY: the QP is alive; the chain is valid for the call (as in `post_send`).
+            unsafe { sys::ibv_post_recv(self.as_ptr(), head, bad) }
         };
-        let head = chain(list, |w, next| w.next = next);
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: as in `post_send`.
-        let rc = unsafe { sys::ibv_post_recv(self.as_ptr(), head, &mut bad) };
-        if rc != 0 {
-            let bad_index = bad_index(head, bad, wrs.len());
-            return Err(Error::code(rc, |source| Error::PostRecv {
-                bad_index,
-                source,
-            }));
-        }
-        Ok(())
+        // SAFETY: the caller's contract covers the memory the requests name.
+        unsafe { post_recv_chain(wrs, post) }
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {
         self.inner.qp.as_ptr()
     }
+}
+
+/// Chains `wrs` (on the stack up to `STACK_CHAIN`) and hands the head to `post` (a queue
+/// pair's or a shared receive queue's `post_recv`, returning its code).
+///
+/// # Safety
+///
+/// As [`QueuePair::post_recv`]: the memory of every request stays valid until its completion.
+pub(crate) unsafe fn post_recv_chain(
+    wrs: &[RecvWr<'_>],
+    post: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32,
+) -> Result<()> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    let mut stack = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); STACK_CHAIN];
+    let mut heap = Vec::new();
+    let list: &mut [sys::ibv_recv_wr] = if wrs.len() <= STACK_CHAIN {
+        for (slot, wr) in stack.iter_mut().zip(wrs) {
+            slot.write(wr.raw());
+        }
+        // SAFETY: the first `wrs.len()` slots were initialised just above.
+        unsafe { std::slice::from_raw_parts_mut(stack.as_mut_ptr().cast(), wrs.len()) }
+    } else {
+        heap.extend(wrs.iter().map(RecvWr::raw));
+        &mut heap
+    };
+    let head = chain(list, |w, next| w.next = next);
+    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    let rc = post(head, &mut bad);
+    if rc != 0 {
+        let bad_index = bad_index(head, bad, wrs.len());
+        return Err(Error::code(rc, |source| Error::PostRecv {
+            bad_index,
+            source,
+        }));
+    }
+    Ok(())
 }
 
 fn bad_index<T>(head: *mut T, bad: *mut T, len: usize) -> usize {
