@@ -10,11 +10,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{open_device, poll_one};
+use common::{connect_qps, open_device, poll_one};
 use tokio_rdma::Error;
 use tokio_rdma::verbs::{
     AccessFlags, CompletionQueue, EventElement, ProtectionDomain, QpInitAttr, QueuePair, RecvWr,
-    RegisteredBuffer, RtrOptions, RtsOptions, SendOp, SendWr, SharedReceiveQueue,
+    RegisteredBuffer, SendOp, SendWr, SharedReceiveQueue,
 };
 
 const SLOT: usize = 256;
@@ -22,8 +22,7 @@ const SLOT: usize = 256;
 #[test]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
 fn two_queue_pairs_share_receives_and_the_limit_event_fires() {
-    let (ctx, port) = open_device();
-    let gid = ctx.preferred_gid(port).expect("GID");
+    let (ctx, _) = open_device();
     let pd = ProtectionDomain::new(&ctx).expect("pd");
     let attr = ctx.device_attr();
     println!(
@@ -53,22 +52,8 @@ fn two_queue_pairs_share_receives_and_the_limit_event_fires() {
         QueuePair::new_rc(&pd, &sattr).expect("qp"),
         QueuePair::new_rc(&pd, &sattr).expect("qp"),
     ];
-    let rtr = RtrOptions::new(port, gid.index as u8);
-    let rts = RtsOptions {
-        timeout: 14,
-        retry_cnt: 3,
-        rnr_retry: 3,
-        max_rd_atomic: 1,
-    };
     for (r, s) in receivers.iter().zip(&senders) {
-        let (ra, sa) = (
-            r.local_address(port, Some(gid.index)).unwrap(),
-            s.local_address(port, Some(gid.index)).unwrap(),
-        );
-        r.connect(&ra, &sa, &rtr, &rts, AccessFlags::LOCAL_WRITE)
-            .expect("connect receiver");
-        s.connect(&sa, &ra, &rtr, &rts, AccessFlags::LOCAL_WRITE)
-            .expect("connect sender");
+        connect_qps(&ctx, r, s, AccessFlags::LOCAL_WRITE);
     }
     assert!(receivers[0].srq().is_some() && senders[0].srq().is_none());
 
