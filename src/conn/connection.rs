@@ -188,7 +188,9 @@ impl Connection {
     ) -> Result<Starting> {
         let cfg = ConnConfig {
             send_credits: negotiated.send_credits,
+            send_initial: negotiated.send_initial_credits,
             recv_credits: negotiated.recv_credits,
+            recv_initial: negotiated.recv_initial_credits,
             max_send_size: negotiated.max_send_size,
             max_message_size: negotiated.max_message_size,
             recv_budget: opts.recv_budget.max(negotiated.max_message_size),

@@ -10,19 +10,20 @@
 //! Version 2 is the message protocol of `docs/connections.md` (control window,
 //! abort and error messages); version 1 peers are refused. The layout is unchanged.
 //!
-//! 28 bytes, big endian, well under the 56 bytes of private data an RC connect request carries
+//! 32 bytes, big endian, well under the 56 bytes of private data an RC connect request carries
 //! on InfiniBand and RoCE (the accept reply allows 196):
 //!
 //! | offset | size | field                                                           |
 //! |-------:|-----:|-----------------------------------------------------------------|
 //! | 0      | 4    | magic `b"TRDM"`                                                 |
 //! | 4      | 1    | version (2)                                                     |
-//! | 5      | 1    | encoded length (28; a compatible revision may append fields)    |
+//! | 5      | 1    | encoded length (32; 28 without the last field; later revisions may append) |
 //! | 6      | 2    | flags ([`Flags`])                                               |
 //! | 8      | 4    | receive credits: receive buffers posted for the peer            |
 //! | 12     | 4    | receive buffer size: the largest message one receive takes      |
 //! | 16     | 4    | max inline: the largest payload this side sends inline          |
 //! | 20     | 8    | max message size: the largest message this side accepts in total |
+//! | 28     | 4    | initial credits: of the receive credits, those usable at once   |
 //!
 //! The transport pads private data with zeros (an InfiniBand connect request always delivers
 //! 56 bytes, an accept reply 196): bytes after the encoded length are ignored.
@@ -54,8 +55,11 @@ use std::ops::BitOr;
 pub const MAGIC: [u8; 4] = *b"TRDM";
 /// The handshake version this crate speaks.
 pub const VERSION: u8 = 2;
-/// Length of the version-1 encoding.
-pub const ENCODED_LEN: usize = 28;
+/// Length of the encoding this crate sends (the initial-credits field appended to the
+/// 28-byte base; a 28-byte handshake means initial credits = receive credits).
+pub const ENCODED_LEN: usize = 32;
+/// Length of the base encoding every version-2 handshake has.
+pub const BASE_LEN: usize = 28;
 /// Private data an RC connect request carries on InfiniBand/RoCE (`rdma_connect(3)`); the
 /// encoding must fit.
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
@@ -175,6 +179,10 @@ pub struct Params {
     /// The largest message this side accepts in total, e.g. through one-sided transfers
     /// (`recv_buf_size..=`[`MAX_MESSAGE_LIMIT`]).
     pub max_message_size: u64,
+    /// Of `recv_credits`, how many the peer may use at the start (`1..=recv_credits`); the
+    /// rest this side grants later, as it finds receive buffers for them (a connection on a
+    /// shared receive queue). `None`: all of them.
+    pub initial_credits: Option<u32>,
 }
 
 impl Default for Params {
@@ -187,6 +195,7 @@ impl Default for Params {
             recv_buf_size: 4096,
             max_inline: 64,
             max_message_size: 1 << 20,
+            initial_credits: None,
         }
     }
 }
@@ -207,6 +216,8 @@ pub enum Field {
     MaxInline,
     /// [`Params::max_message_size`].
     MaxMessageSize,
+    /// [`Params::initial_credits`].
+    InitialCredits,
 }
 
 impl fmt::Display for Field {
@@ -215,6 +226,7 @@ impl fmt::Display for Field {
             Field::EncodedLen => "encoded_len",
             Field::Flags => "flags",
             Field::RecvCredits => "recv_credits",
+            Field::InitialCredits => "initial_credits",
             Field::RecvBufSize => "recv_buf_size",
             Field::MaxInline => "max_inline",
             Field::MaxMessageSize => "max_message_size",
@@ -374,6 +386,15 @@ impl Params {
         if self.recv_buf_size > MAX_RECV_BUF_SIZE {
             return Err(invalid(Field::RecvBufSize, size, "larger than 16 MiB"));
         }
+        if let Some(initial) = self.initial_credits {
+            if initial == 0 || initial > self.recv_credits {
+                return Err(invalid(
+                    Field::InitialCredits,
+                    u64::from(initial),
+                    "not in 1..=recv_credits",
+                ));
+            }
+        }
         if self.max_inline > MAX_INLINE_LIMIT {
             return Err(invalid(
                 Field::MaxInline,
@@ -398,6 +419,11 @@ impl Params {
         Ok(())
     }
 
+    /// The credits the peer may use at the start.
+    pub fn initial(&self) -> u32 {
+        self.initial_credits.unwrap_or(self.recv_credits)
+    }
+
     /// Validates and encodes the parameters ([`VERSION`], [`ENCODED_LEN`] bytes).
     ///
     /// # Errors
@@ -415,6 +441,7 @@ impl Params {
         b[12..16].copy_from_slice(&self.recv_buf_size.to_be_bytes());
         b[16..20].copy_from_slice(&self.max_inline.to_be_bytes());
         b[20..28].copy_from_slice(&self.max_message_size.to_be_bytes());
+        b[28..32].copy_from_slice(&self.initial().to_be_bytes());
         Ok(b)
     }
 
@@ -459,7 +486,7 @@ impl Params {
             return Err(truncated(ENCODED_LEN));
         };
         let len = usize::from(len);
-        if len < ENCODED_LEN {
+        if len < BASE_LEN {
             return Err(invalid(
                 Field::EncodedLen,
                 len as u64,
@@ -480,6 +507,12 @@ impl Params {
             recv_buf_size: be32(12),
             max_inline: be32(16),
             max_message_size: be64(20),
+            initial_credits: None,
+        };
+        let initial = if len >= 32 { be32(28) } else { params.recv_credits };
+        let params = Params {
+            initial_credits: (initial != params.recv_credits).then_some(initial),
+            ..params
         };
         params.validate()?;
         Ok(params)
@@ -492,6 +525,10 @@ impl Params {
 pub struct Negotiated {
     /// Sends this side may have in flight: the peer's receive credits.
     pub send_credits: u32,
+    /// Of `send_credits`, those this side holds at the start (the peer grants the rest later).
+    pub send_initial_credits: u32,
+    /// Of `recv_credits`, those the peer holds at the start.
+    pub recv_initial_credits: u32,
     /// Receive buffers this side keeps posted: its own receive credits.
     pub recv_credits: u32,
     /// The largest single SEND this side makes (one chunk of a message; larger messages are
@@ -553,7 +590,9 @@ pub fn negotiate(local: &Params, remote: &Params) -> Result<Negotiated, Handshak
     let both = |f: Flags| local.flags.contains(f) && remote.flags.contains(f);
     Ok(Negotiated {
         send_credits: remote.recv_credits,
+        send_initial_credits: remote.initial(),
         recv_credits: local.recv_credits,
+        recv_initial_credits: local.initial(),
         max_send_size: remote.recv_buf_size,
         recv_buf_size: local.recv_buf_size,
         max_inline: local.max_inline.min(remote.recv_buf_size),

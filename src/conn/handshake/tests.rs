@@ -8,6 +8,7 @@ fn sample() -> Params {
         recv_buf_size: 8192,
         max_inline: 220,
         max_message_size: 64 << 20,
+        initial_credits: None,
     }
 }
 
@@ -42,8 +43,8 @@ fn wire_layout_is_big_endian() {
     assert_eq!(
         b,
         [
-            b'T', b'R', b'D', b'M', 2, 28, 0x01, 0x01, 0, 0, 0, 128, 0, 0, 0x20, 0, 0, 0, 0, 220,
-            0, 0, 0, 0, 0x04, 0, 0, 0
+            b'T', b'R', b'D', b'M', 2, 32, 0x01, 0x01, 0, 0, 0, 128, 0, 0, 0x20, 0, 0, 0, 0, 220,
+            0, 0, 0, 0, 0x04, 0, 0, 0, 0, 0, 0, 128
         ]
     );
 }
@@ -84,7 +85,7 @@ fn missing_and_truncated() {
         Params::decode(&v),
         Err(HandshakeError::Truncated {
             needed: 40,
-            got: 28
+            got: 32
         })
     );
 }
@@ -140,7 +141,12 @@ fn unknown_flags_are_rejected() {
 
 #[test]
 fn credits_bounds() {
-    let set = |c: u32| with(|b| b[8..12].copy_from_slice(&c.to_be_bytes()));
+    let set = |c: u32| {
+        with(|b| {
+            b[8..12].copy_from_slice(&c.to_be_bytes());
+            b[28..32].copy_from_slice(&c.to_be_bytes());
+        })
+    };
     for bad in [0u32, 1, 65_536, u32::MAX] {
         let e = Params::decode(&set(bad)).unwrap_err();
         assert!(e.to_string().contains("recv_credits"), "{e}");
@@ -268,6 +274,7 @@ fn negotiate_takes_the_peer_view() {
         recv_buf_size: 128,
         max_inline: 64,
         max_message_size: 1 << 20,
+        initial_credits: None,
     };
     let c = negotiate(&client, &server).unwrap();
     assert_eq!(c.send_credits, 16);
@@ -360,4 +367,31 @@ fn flags_debug_and_bits() {
     assert_eq!(format!("{:?}", Flags(0x1001)), "ONE_SIDED | 0x1000");
     assert_eq!(Flags::from_bits(0x0307), Some(Flags::KNOWN));
     assert_eq!(Flags::from_bits(0x0400), None);
+}
+
+#[test]
+fn initial_credits_travel_and_are_checked() {
+    let p = Params {
+        initial_credits: Some(2),
+        ..sample()
+    };
+    let b = p.encode().unwrap();
+    assert_eq!(&b[28..32], &[0, 0, 0, 2]);
+    assert_eq!(Params::decode(&b).unwrap(), p);
+    let eff = negotiate(&Params::default(), &p).unwrap();
+    assert_eq!((eff.send_credits, eff.send_initial_credits), (128, 2));
+    assert_eq!((eff.recv_credits, eff.recv_initial_credits), (64, 64));
+    // The 28-byte base encoding: everything usable at once.
+    let mut base = b[..BASE_LEN].to_vec();
+    base[5] = BASE_LEN as u8;
+    assert_eq!(Params::decode(&base).unwrap().initial(), 128);
+    for bad in [0u32, 129] {
+        let mut w = b;
+        w[28..32].copy_from_slice(&bad.to_be_bytes());
+        assert_eq!(
+            field_of(Params::decode(&w).unwrap_err()),
+            Field::InitialCredits,
+            "{bad}"
+        );
+    }
 }

@@ -29,7 +29,7 @@
 //! ```ignore
 //! use crate::proto::Credits;
 //!
-//! let mut c = Credits::new(4, 4); // the peer keeps 4 data receives for us; we keep 4 for it
+//! let mut c = Credits::new(4, 4, 4); // the peer keeps 4 data receives for us; we keep 4 for it
 //! for _ in 0..4 {
 //!     assert!(c.try_take_data());
 //! }
@@ -77,13 +77,18 @@ pub struct Credits {
 }
 
 impl Credits {
-    /// Starts with the peer's advertised data credits and our own. The credit-message
-    /// threshold is half our credits (at least 1).
-    pub fn new(remote_credits: u32, local_credits: u32) -> Credits {
+    /// Starts with `remote_initial` of the peer's `remote_depth` data credits (the peer grants
+    /// the rest later, as returns), and `local_initial` of ours. The credit-message threshold
+    /// is half our initial credits (at least 1).
+    pub fn new(remote_initial: u32, remote_depth: u32, local_initial: u32) -> Credits {
+        let remote_initial = remote_initial.min(remote_depth);
+        let local_credits = local_initial;
         Credits {
-            data_available: remote_credits,
-            remote_depth: remote_credits,
-            data_in_use: 0,
+            data_available: remote_initial,
+            remote_depth,
+            // Credits not granted yet count as in use: the peer's later grants arrive as
+            // returns, and never exceed its depth.
+            data_in_use: remote_depth - remote_initial,
             ctrl_sent: 0,
             ctrl_confirmed: 0,
             ctrl_processed: 0,
@@ -221,7 +226,7 @@ mod tests {
 
     #[test]
     fn control_messages_have_a_window_confirmed_by_the_peer() {
-        let mut c = Credits::new(2, 8);
+        let mut c = Credits::new(2, 2, 8);
         assert!(c.try_take_data() && c.try_take_data() && !c.try_take_data());
         assert!(c.try_take_control(false), "control needs no data credit");
         assert!(c.try_take_control(false));
@@ -236,7 +241,7 @@ mod tests {
 
     #[test]
     fn confirmation_is_due_after_a_window_of_peer_controls() {
-        let mut c = Credits::new(2, 2);
+        let mut c = Credits::new(2, 2, 2);
         c.on_ctrl_reposted();
         assert!(!c.confirm_due());
         c.on_ctrl_reposted();
@@ -247,7 +252,7 @@ mod tests {
 
     #[test]
     fn credit_messages_when_owed_or_when_the_peer_ran_dry() {
-        let mut c = Credits::new(8, 8);
+        let mut c = Credits::new(8, 8, 8);
         for _ in 0..3 {
             c.on_data_received().unwrap();
             c.on_data_reposted();
@@ -272,8 +277,17 @@ mod tests {
     }
 
     #[test]
+    fn credits_granted_later_arrive_as_returns_up_to_the_depth() {
+        let mut c = Credits::new(2, 8, 2);
+        assert_eq!(c.data_available(), 2);
+        c.on_returned(6).unwrap();
+        assert_eq!(c.data_available(), 8);
+        assert_eq!(c.on_returned(1), Err(ProtocolError::CreditInflation));
+    }
+
+    #[test]
     fn returning_more_than_in_use_is_a_violation() {
-        let mut c = Credits::new(4, 4);
+        let mut c = Credits::new(4, 4, 4);
         assert!(c.try_take_data());
         assert_eq!(c.on_returned(2), Err(ProtocolError::CreditInflation));
         assert_eq!(c.on_returned(1), Ok(()));

@@ -59,8 +59,14 @@ use crate::error::{Error, ProtocolError, QpFailure};
 pub struct ConnConfig {
     /// Data chunks this side may have outstanding: the peer's receive credits.
     pub send_credits: u32,
+    /// Of `send_credits`, those usable at the start (the peer grants the rest later).
+    pub send_initial: u32,
     /// Data receives this side keeps posted for the peer: its own receive credits.
     pub recv_credits: u32,
+    /// Of `recv_credits`, those the peer may use at the start: the rest are posted (and
+    /// granted) when the shell finds buffers for them ([`ConnProto::recvs_to_post`] asks for
+    /// them from the start).
+    pub recv_initial: u32,
     /// The largest chunk this side sends (the peer's receive buffer size).
     pub max_send_size: u32,
     /// The largest message in either direction.
@@ -237,7 +243,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// ([`recvs_to_post`](Self::recvs_to_post)): post them before the peer learns the credits.
     pub fn new(cfg: ConnConfig, now: Instant) -> ConnProto<B> {
         ConnProto {
-            credits: Credits::new(cfg.send_credits, cfg.recv_credits),
+            credits: Credits::new(cfg.send_initial, cfg.send_credits, cfg.recv_initial),
             rx: recv::RecvState::new(&cfg),
             cfg,
             failure: None,
@@ -559,13 +565,19 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         if self.failure.is_some() {
             return None;
         }
+        // A `Fetched` waiting for room in the control window must not keep a confirm-only
+        // credit message (which has room of its own) from going out: two sides each waiting
+        // for the other's confirmation would wait forever.
+        let rdv_ack = self
+            .rx
+            .rdv
+            .ack_due()
+            .filter(|_| !self.pending_abort && self.credits.ctrl_unconfirmed() < CONTROL_WINDOW);
         let kind = if self.pending_abort {
             MsgKind::Abort
-        } else if let Some(seq) = self.rx.rdv.ack_due() {
-            if !self.take_control(now, false) {
-                self.ctrl_blocked_since.get_or_insert(now);
-                return None;
-            }
+        } else if let Some(seq) = rdv_ack {
+            let taken = self.take_control(now, false);
+            debug_assert!(taken, "room checked above");
             self.ctrl_blocked_since = None;
             self.rx.rdv.ack_sent();
             let imm = MsgHeader {
@@ -585,6 +597,10 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             || self.credits.confirm_due()
         {
             MsgKind::Credit
+        } else if self.rx.rdv.ack_due().is_some() {
+            // Blocked by the window (checked above).
+            self.ctrl_blocked_since.get_or_insert(now);
+            return None;
         } else {
             self.ctrl_blocked_since = None;
             return None;

@@ -38,9 +38,10 @@ impl<B> RecvState<B> {
     pub(super) fn new(cfg: &ConnConfig) -> RecvState<B> {
         RecvState {
             posted: 0,
-            due_initial: cfg.recv_credits + CONTROL_RECVS,
+            due_initial: cfg.recv_initial.min(cfg.recv_credits) + CONTROL_RECVS,
             due_ctrl: 0,
-            due_data: 0,
+            // Credits granted later: each receive posted for them returns a credit.
+            due_data: cfg.recv_credits.saturating_sub(cfg.recv_initial),
             withheld: 0,
             assembling: None,
             ready: VecDeque::new(),
