@@ -1,7 +1,7 @@
 //! [`Endpoint`]: the one object a user opens. It owns a device context, a completion queue and
 //! its driver (the completion and async-event tasks), and the device-level options; every
 //! connection made or accepted through it uses that completion queue, in a protection domain
-//! of its own.
+//! of its own (or, with a shared receive queue, the queue's protection domain).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::conn::raw::listen_on;
+use crate::conn::srq::SharedRecv;
 use crate::conn::{
     ConnectOptions, Connection, Listener, RawConnection, RawConnector, RawListener, RawOptions,
+    SrqOptions, SrqStats,
 };
 use crate::driver::{CompletionMode, Driver, DriverOptions, DriverStats};
 use crate::error::{Error, Result};
@@ -43,6 +45,9 @@ pub struct EndpointOptions {
     pub cq_size: Option<u32>,
     /// Completions taken per poll of the completion queue (default 32).
     pub poll_batch: usize,
+    /// A shared receive queue for the endpoint's message connections (default: none, every
+    /// connection has receive buffers of its own). See [`shared_receive_queue`](Self::shared_receive_queue).
+    pub shared_receive_queue: Option<SrqOptions>,
 }
 
 impl Default for EndpointOptions {
@@ -52,6 +57,7 @@ impl Default for EndpointOptions {
             completion_mode: d.mode,
             cq_size: None,
             poll_batch: d.poll_batch,
+            shared_receive_queue: None,
         }
     }
 }
@@ -72,6 +78,35 @@ impl EndpointOptions {
     /// Sets how many completions one poll takes.
     pub fn poll_batch(mut self, n: usize) -> Self {
         self.poll_batch = n;
+        self
+    }
+
+    /// Gives the endpoint's message connections one shared receive queue: `opts.buffers`
+    /// receive buffers that every connection ([`Endpoint::connect`], [`Endpoint::listen`])
+    /// receives into, instead of buffers of its own. Receive memory is then this budget,
+    /// whatever the number of connections; each connection is admitted with a floor of 5
+    /// receives and claims more credits (up to its `recv_credits`) as the queue has them
+    /// (`docs/connections.md`, "Shared receive queue").
+    ///
+    /// Use it for many connections of which few are busy at once (thousands of clients of a
+    /// server). Without it, each connection keeps `recv_credits` buffers posted, which suits
+    /// a few busy connections. The connections share one protection domain, so they offer
+    /// the peer no one-sided access, atomics or rendezvous (their grants would be reachable
+    /// from every other connection's peer): asking for them on such an endpoint is refused;
+    /// their own READ/WRITE/atomics on memory the peer grants still work. Raw connections
+    /// ([`Endpoint::raw_connector`]) do not use the queue.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::EndpointOptions;
+    /// use tokio_rdma::conn::SrqOptions;
+    ///
+    /// let opts = EndpointOptions::default().shared_receive_queue(SrqOptions::default());
+    /// assert_eq!(opts.shared_receive_queue.unwrap().buffer_size, 4096);
+    /// ```
+    pub fn shared_receive_queue(mut self, opts: SrqOptions) -> Self {
+        self.shared_receive_queue = Some(opts);
         self
     }
 
@@ -137,6 +172,7 @@ struct Inner {
     ctx: Context,
     driver: Driver,
     opts: EndpointOptions,
+    srq: Option<Arc<SharedRecv>>,
 }
 
 impl Endpoint {
@@ -203,8 +239,17 @@ impl Endpoint {
     pub(crate) fn on_context(ctx: Context, opts: EndpointOptions) -> Result<Endpoint> {
         let dopts = opts.validate(&ctx)?;
         let driver = Driver::new(&ctx, dopts)?;
+        let srq = match opts.shared_receive_queue {
+            Some(o) => Some(SharedRecv::new(&driver, o)?),
+            None => None,
+        };
         Ok(Endpoint {
-            inner: Arc::new(Inner { ctx, driver, opts }),
+            inner: Arc::new(Inner {
+                ctx,
+                driver,
+                opts,
+                srq,
+            }),
         })
     }
 
@@ -309,6 +354,31 @@ impl Endpoint {
     /// See [`RawListener`].
     pub fn listen_raw(&self, addr: SocketAddr, backlog: u32) -> Result<RawListener> {
         listen_on(Some(self.clone()), addr, backlog)
+    }
+
+    /// A snapshot of the shared receive queue, if the endpoint has one
+    /// ([`EndpointOptions::shared_receive_queue`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tokio_rdma::{Endpoint, EndpointOptions};
+    /// use tokio_rdma::conn::SrqOptions;
+    /// # async fn f() -> tokio_rdma::Result<()> {
+    /// let ep = Endpoint::open_with(
+    ///     "rxe0",
+    ///     EndpointOptions::default().shared_receive_queue(SrqOptions::default()),
+    /// )?;
+    /// let s = ep.shared_receive_stats().expect("configured");
+    /// assert_eq!(s.connections, 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn shared_receive_stats(&self) -> Option<SrqStats> {
+        self.inner.srq.as_ref().map(|s| s.stats())
+    }
+
+    pub(crate) fn shared_recv(&self) -> Option<&Arc<SharedRecv>> {
+        self.inner.srq.as_ref()
     }
 
     /// The device's name.

@@ -358,6 +358,27 @@ pub enum Error {
     /// What to do: as for [`Error::PostSend`]; check the region allows `MW_BIND`.
     #[error("posting a memory window bind failed{}", cause(Call::PostSend, .0))]
     BindMw(#[source] io::Error),
+    /// The endpoint's shared receive queue cannot take another connection: the receives no
+    /// connection has claimed (`spare`) do not cover the new connection's floor (its minimum
+    /// credits plus its control receives). The connection was refused before it was used; a
+    /// client sees the server's refusal as [`Error::ConnectionRejected`] with this text.
+    ///
+    /// What to do: raise `SrqOptions::buffers`, lower the connections' `recv_credits` (fewer
+    /// credits above the floor are claimed), or close idle connections.
+    #[error(
+        "the shared receive queue cannot take another connection: {buffers} buffers, \
+         {connections} connections, {spare} unclaimed, {floor} needed"
+    )]
+    ReceiveBudgetExhausted {
+        /// Buffers of the queue.
+        buffers: u32,
+        /// Connections on it.
+        connections: u32,
+        /// Receives on the queue no connection had claimed.
+        spare: i64,
+        /// What the refused connection needed.
+        floor: u32,
+    },
     /// The device, or the buffer, does not support what was asked.
     ///
     /// What to do: do without the feature the message names, or use a device that has it.
@@ -668,6 +689,7 @@ impl From<Error> for io::Error {
             Error::Timeout { .. } => io::ErrorKind::TimedOut,
             Error::QpFailed(QpFailure::Disconnected) => io::ErrorKind::ConnectionReset,
             Error::Unsupported(_) => io::ErrorKind::Unsupported,
+            Error::ReceiveBudgetExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::MemlockExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::QpFailed(QpFailure::WorkCompletion { status, .. }) => status.io_kind(),
             Error::QpFailed(QpFailure::Closed) => io::ErrorKind::NotConnected,

@@ -17,6 +17,7 @@ use super::options::ConnectOptions;
 use super::raw::RawConnection;
 use super::setup;
 use super::shared::ConnShared;
+use super::srq::SrqShare;
 use super::stream::RdmaStream;
 use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, PoolMetrics, RemoteAccess};
 use crate::driver::AsyncQp;
@@ -183,6 +184,7 @@ impl Connection {
         qp: &AsyncQp,
         pd: &ProtectionDomain,
         pool: Pool,
+        srq: Option<SrqShare>,
         negotiated: Negotiated,
         opts: &ConnectOptions,
     ) -> Result<Starting> {
@@ -203,21 +205,25 @@ impl Connection {
             pd,
             setup::staging_pool_config(negotiated.max_send_size, negotiated.send_credits),
         )?;
-        let io = Arc::new(ConnIo::new(
-            IoConfig {
-                qp: qp.verbs().clone(),
-                wr_base: qp.sink_wr_id(0),
-                pool,
-                staging,
-                recv_size: negotiated.recv_buf_size as usize,
-                max_inline: qp.caps().max_inline_data as usize,
-                sq_budget: setup::sink_sends(opts),
-                staging_count,
-                max_read: max_read(pd),
-                rdv_threshold: opts.rendezvous_threshold,
-            },
-            ConnProto::new(cfg, Instant::now()),
-        ));
+        let io = Arc::new_cyclic(|me| {
+            ConnIo::new(
+                IoConfig {
+                    qp: qp.verbs().clone(),
+                    wr_base: qp.sink_wr_id(0),
+                    pool,
+                    staging,
+                    recv_size: negotiated.recv_buf_size as usize,
+                    max_inline: qp.caps().max_inline_data as usize,
+                    sq_budget: setup::sink_sends(opts),
+                    staging_count,
+                    max_read: max_read(pd),
+                    rdv_threshold: opts.rendezvous_threshold,
+                    srq,
+                },
+                ConnProto::new(cfg, Instant::now()),
+                me.clone(),
+            )
+        });
         qp.set_sink(io.clone());
         // Posts the initial receives.
         let short = io.with(|s| s.short);
@@ -259,6 +265,9 @@ impl Connection {
         if parts.peer_gone {
             shared.qp.force_error(crate::QpFailure::Disconnected);
         }
+        // On a shared receive queue: credits beyond the first may be granted now (the driver
+        // task's first step claims them).
+        shared.io.with(|s| s.srq.as_mut().map(SrqShare::open));
         tokio::spawn(
             driver::run(shared.clone(), Arc::new(parts.id), parts.events).instrument(span.clone()),
         );

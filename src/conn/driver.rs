@@ -133,6 +133,9 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
              state (it processes nothing): their buffers are released"
         );
     }
+    // The queue pair is in the error state and consumes no more shared receives: give the
+    // claim on the shared receive queue back.
+    drop(io.with(|s| s.srq.take()));
     io.torn_down
         .store(true, std::sync::atomic::Ordering::Release);
     io.done.notify_waiters();

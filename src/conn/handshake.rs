@@ -509,7 +509,11 @@ impl Params {
             max_message_size: be64(20),
             initial_credits: None,
         };
-        let initial = if len >= 32 { be32(28) } else { params.recv_credits };
+        let initial = if len >= 32 {
+            be32(28)
+        } else {
+            params.recv_credits
+        };
         let params = Params {
             initial_credits: (initial != params.recv_credits).then_some(initial),
             ..params

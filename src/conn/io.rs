@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 use std::time::Instant;
 
@@ -22,6 +22,7 @@ use tracing::{trace, warn};
 use bytes::Bytes;
 
 use super::rendezvous::{Fetch, RdvSource};
+use super::srq::{SRQ_BIT, SharedRecv, SrqShare};
 use crate::buf::{Pool, PoolBuf};
 use crate::driver::{Deferred, Sink};
 use crate::error::{QpFailure, WcStatus};
@@ -118,6 +119,9 @@ pub(crate) struct ConnState {
     pub(crate) rdv_held: Vec<(u16, RdvSource)>,
     /// Hands out owner numbers to fetches.
     pub(crate) next_owner: u64,
+    /// This connection's claim on the endpoint's shared receive queue, if it receives there
+    /// (it then posts no receives of its own); given back at teardown.
+    pub(crate) srq: Option<SrqShare>,
     /// Receives on the device, in posting order (their completions come in that order).
     /// `None`: the drain marker receive (posted after a failure, see
     /// [`ConnIo::post_drain_marker`]).
@@ -179,6 +183,11 @@ pub(crate) struct ConnIo {
     pub(crate) max_read: u64,
     /// `send_bytes`/`send_buf` of at least this many bytes go by rendezvous (if negotiated).
     pub(crate) rdv_threshold: Option<u64>,
+    /// The shared receive queue the connection receives on, if any (its buffers come back
+    /// through here even after the claim was given back).
+    shared_recv: Option<Arc<SharedRecv>>,
+    /// This connection, for the shared receive queue to kick when buffers come back.
+    me: Weak<ConnIo>,
 }
 
 /// What is released outside the connection's lock.
@@ -201,10 +210,13 @@ pub(crate) struct IoConfig {
     pub(crate) staging_count: u32,
     pub(crate) max_read: u64,
     pub(crate) rdv_threshold: Option<u64>,
+    /// Receive on the shared receive queue, with this claim on it.
+    pub(crate) srq: Option<SrqShare>,
 }
 
 impl ConnIo {
-    pub(crate) fn new(cfg: IoConfig, proto: Proto) -> ConnIo {
+    /// `me`: the `Arc` the connection is made in (`Arc::new_cyclic`).
+    pub(crate) fn new(cfg: IoConfig, proto: Proto, me: Weak<ConnIo>) -> ConnIo {
         let sq_budget = cfg.sq_budget.max(2);
         ConnIo {
             state: Mutex::new(ConnState {
@@ -214,6 +226,7 @@ impl ConnIo {
                 fetch: None,
                 rdv_held: Vec::new(),
                 next_owner: 0,
+                srq: None,
                 recvs: VecDeque::new(),
                 next_recv: 0,
                 sends: VecDeque::new(),
@@ -243,7 +256,15 @@ impl ConnIo {
             has_retired: std::sync::atomic::AtomicBool::new(false),
             max_read: cfg.max_read.max(1),
             rdv_threshold: cfg.rdv_threshold,
+            shared_recv: cfg.srq.as_ref().map(|s| s.shared().clone()),
+            me,
         }
+        .with_share(cfg.srq)
+    }
+
+    fn with_share(self, share: Option<SrqShare>) -> ConnIo {
+        self.lock().srq = share;
+        self
     }
 
     pub(crate) fn retire(&self, r: Retired) {
@@ -555,6 +576,23 @@ impl ConnIo {
 
     fn post_recvs(&self, s: &mut ConnState) {
         let want = s.proto.recvs_to_post();
+        if let Some(share) = s.srq.as_mut() {
+            // The buffers are the shared queue's: post back what came back, then grant what
+            // the claim allows (the rest stays due and is retried at the next step).
+            if want == 0 {
+                share.set_held(s.proto.held().1);
+                return;
+            }
+            share.shared().refill();
+            share.set_held(s.proto.held().1);
+            let n = share.post(want);
+            s.short = share.is_open() && n < want && share.below_floor();
+            if s.short {
+                share.shared().wait(self.me.clone());
+            }
+            s.proto.recvs_posted(n);
+            return;
+        }
         let mut posted = 0;
         while posted < want {
             let Ok(Some(buf)) = self.pool.try_acquire(self.recv_size) else {
@@ -674,7 +712,35 @@ impl Sink for ConnIo {
         let mut s = self.lock();
         self.changes.fetch_add(1, Ordering::Release);
         let was_failed = s.proto.failure().is_some();
-        if local & SEND_BIT == 0 {
+        if local & (SEND_BIT | SRQ_BIT) == SRQ_BIT {
+            let buf = self.shared_recv.as_ref().and_then(|q| q.take(local));
+            match (buf, s.srq.as_mut()) {
+                (Some(buf), Some(share)) => {
+                    share.consumed();
+                    if ok {
+                        s.proto.heard(now);
+                    }
+                    let res = if ok {
+                        Ok((cqe.byte_len, cqe.imm))
+                    } else {
+                        Err(cause_of(cqe, qp_failure))
+                    };
+                    s.proto.handle_recv(res, buf);
+                    let held = s.proto.held().1;
+                    if let Some(share) = s.srq.as_mut() {
+                        share.set_held(held);
+                    }
+                }
+                // Torn down (its claim given back): the buffer just goes back.
+                (Some(buf), None) => {
+                    drop(buf);
+                    if let Some(q) = &self.shared_recv {
+                        q.consumed_unclaimed();
+                    }
+                }
+                (None, _) => warn!(local, "a shared-queue completion with no buffer posted"),
+            }
+        } else if local & SEND_BIT == 0 {
             let Some(entry) = s.recvs.pop_front() else {
                 warn!(local, "a receive completion with no receive posted");
                 return None;

@@ -18,6 +18,7 @@ pub(crate) mod raw;
 mod rendezvous;
 mod setup;
 mod shared;
+pub(crate) mod srq;
 mod stream;
 pub mod wire;
 
@@ -28,4 +29,5 @@ pub use raw::{
     RawAccepting, RawConnection, RawConnector, RawListener, RawOptions, RawReply, RawRequest,
 };
 pub use shared::Message;
+pub use srq::{SrqOptions, SrqStats};
 pub use stream::RdmaStream;

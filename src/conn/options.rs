@@ -80,6 +80,18 @@ pub struct ConnectOptions {
     /// (`None`: never; this side then does not offer rendezvous at all). See
     /// [`rendezvous_threshold`](Self::rendezvous_threshold).
     pub rendezvous_threshold: Option<u64>,
+    /// What the builder was told explicitly (an option that cannot apply on an endpoint with
+    /// a shared receive queue is refused only if asked for, not by default).
+    pub(crate) explicit: Explicit,
+}
+
+/// Options set through the builder (not just defaults).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Explicit {
+    pub(crate) one_sided: bool,
+    pub(crate) atomics: bool,
+    pub(crate) rendezvous: bool,
+    pub(crate) recv_buf_size: bool,
 }
 
 /// The default [`ConnectOptions::rendezvous_threshold`].
@@ -108,6 +120,7 @@ impl Default for ConnectOptions {
             user_pool: PoolConfig::default()
                 .classes([SizeClass::new(4 << 10, 64), SizeClass::new(64 << 10, 8)]),
             rendezvous_threshold: Some(DEFAULT_RENDEZVOUS_THRESHOLD),
+            explicit: Explicit::default(),
         }
     }
 }
@@ -130,6 +143,7 @@ impl ConnectOptions {
     /// Sets the receive buffer size (the largest chunk the peer may send in one SEND).
     pub fn recv_buf_size(mut self, n: u32) -> Self {
         self.params.recv_buf_size = n;
+        self.explicit.recv_buf_size = true;
         self
     }
 
@@ -200,6 +214,7 @@ impl ConnectOptions {
     /// WRITE are refused locally.
     pub fn one_sided(mut self, on: bool) -> Self {
         self.set_flag(Flags::ONE_SIDED, on);
+        self.explicit.one_sided = on;
         self
     }
 
@@ -207,6 +222,7 @@ impl ConnectOptions {
     /// are refused locally.
     pub fn atomics(mut self, on: bool) -> Self {
         self.set_flag(Flags::ATOMICS, on);
+        self.explicit.atomics = on;
         self
     }
 
@@ -241,6 +257,7 @@ impl ConnectOptions {
     pub fn rendezvous_threshold(mut self, bytes: Option<u64>) -> Self {
         self.rendezvous_threshold = bytes;
         self.set_flag(Flags::RENDEZVOUS, bytes.is_some());
+        self.explicit.rendezvous = bytes.is_some();
         self
     }
 

@@ -11,6 +11,7 @@ use super::connection::Connection;
 use super::handshake::{self, Flags, Params};
 use super::options::ConnectOptions;
 use super::raw::{self, RawConnector, RawOptions, RawRequest, reject};
+use super::srq::{SharedRecv, SrqShare};
 use crate::buf::{Pool, PoolConfig, SizeClass};
 use crate::driver::QpOptions;
 use crate::endpoint::{Endpoint, EndpointOptions};
@@ -151,6 +152,60 @@ fn raw_options(opts: &ConnectOptions, timeout: Duration) -> Result<RawOptions> {
         .timeout(timeout))
 }
 
+/// The options of a connection on the shared receive queue `srq`: it receives into the
+/// queue's buffers (their size is its receive buffer size), starts its peer with its floor of
+/// credits and grants the rest as the queue has them, and offers no remote access to memory
+/// (the queue's protection domain is every connection's). Options asked for explicitly that
+/// cannot apply are refused.
+pub(crate) fn on_shared_recv(opts: &ConnectOptions, srq: &SharedRecv) -> Result<ConnectOptions> {
+    let e = opts.explicit;
+    let refused = [
+        (e.one_sided, "one_sided(true)"),
+        (e.atomics, "atomics(true)"),
+        (e.rendezvous, "rendezvous_threshold(Some(..))"),
+    ];
+    if let Some((_, what)) = refused.iter().find(|(asked, _)| *asked) {
+        return Err(Error::InvalidArgument(format!(
+            "ConnectOptions::{what} cannot apply on an endpoint with a shared receive queue: \
+             its connections share one protection domain, so memory opened to one peer would \
+             be open to every peer"
+        )));
+    }
+    let size = srq.buffer_size();
+    if e.recv_buf_size && opts.params.recv_buf_size != size {
+        return Err(Error::InvalidArgument(format!(
+            "ConnectOptions::recv_buf_size {} differs from the shared receive queue's buffer \
+             size {size} (SrqOptions::buffer_size), which every connection on it receives into",
+            opts.params.recv_buf_size
+        )));
+    }
+    let mut o = opts.clone();
+    let offers = Flags::ONE_SIDED.bits() | Flags::ATOMICS.bits() | Flags::RENDEZVOUS.bits();
+    o.params.flags = Flags::from_bits(o.params.flags.bits() & !offers).expect("known bits");
+    o.rendezvous_threshold = None;
+    o.params.recv_buf_size = size;
+    o.params.max_message_size = o.params.max_message_size.max(u64::from(size));
+    let floor = o.params.recv_credits.min(handshake::MIN_CREDITS);
+    o.params.initial_credits = (floor < o.params.recv_credits).then_some(floor);
+    Ok(o)
+}
+
+/// The connection's receive side: on the shared receive queue `srq` (admitted with its
+/// floor), or private buffers in `pd`.
+fn receive_side(
+    pd: &ProtectionDomain,
+    p: &Params,
+    srq: Option<&Arc<SharedRecv>>,
+) -> Result<(Pool, Option<SrqShare>)> {
+    match srq {
+        Some(q) => {
+            let share = q.admit(SrqShare::floor_for(p.recv_credits))?;
+            Ok((q.pool().clone(), Some(share)))
+        }
+        None => Ok((private_pool(pd, p)?, None)),
+    }
+}
+
 /// The connection's private buffers, in its protection domain `pd`: receives (posted, plus
 /// as many again held by the application before credits stop) and control slack. Registered
 /// once, here, never on the data path.
@@ -184,9 +239,18 @@ pub(crate) async fn connect(
     opts: ConnectOptions,
     span: tracing::Span,
 ) -> Result<Connection> {
+    let srq = match &choice {
+        EndpointChoice::Given(ep) => ep.shared_recv().cloned(),
+        _ => None,
+    };
+    let opts = match &srq {
+        Some(q) => on_shared_recv(&opts, q)?,
+        None => opts,
+    };
     // Refused before anything is created or sent (e.g. fewer than 2 receive credits).
     opts.params.validate()?;
-    let raw_opts = raw_options(&opts, opts.connect_timeout)?;
+    let mut raw_opts = raw_options(&opts, opts.connect_timeout)?;
+    raw_opts.shared_recv = srq.is_some();
     let local: Params = opts.params;
     let hs = local.encode()?;
     let resolved = raw::resolve(addr, opts.connect_timeout).await?;
@@ -198,8 +262,8 @@ pub(crate) async fn connect(
     let remote = Params::decode(reply.private_data())?;
     let negotiated = handshake::negotiate(&local, &remote)?;
     // Receives are posted before the peer learns our credits (before establish).
-    let pool = private_pool(reply.pd(), &local)?;
-    let starting = Connection::start(reply.qp(), reply.pd(), pool, negotiated, &opts)?;
+    let (pool, share) = receive_side(reply.pd(), &local, srq.as_ref())?;
+    let starting = Connection::start(reply.qp(), reply.pd(), pool, share, negotiated, &opts)?;
     Ok(Connection::established(starting, reply.establish()?, span))
 }
 
@@ -219,6 +283,18 @@ pub(crate) async fn accept(
     span: tracing::Span,
 ) -> Result<Connection> {
     let id = request.id();
+    let srq = match choice {
+        EndpointChoice::Given(ep) => ep.shared_recv().cloned(),
+        _ => None,
+    };
+    let adapted;
+    let opts = match &srq {
+        Some(q) => {
+            adapted = on_shared_recv(opts, q).map_err(|e| reject(id, e))?;
+            &adapted
+        }
+        None => opts,
+    };
     let local: Params = opts.params;
     let remote = Params::decode(request.private_data()).map_err(|e| reject(id, e.into()))?;
     let negotiated = handshake::negotiate(&local, &remote).map_err(|e| reject(id, e.into()))?;
@@ -229,14 +305,23 @@ pub(crate) async fn accept(
         ));
     }
     let accept_data = local.encode().map_err(|e| reject(id, e.into()))?;
-    let raw_opts = raw_options(opts, opts.handshake_timeout).map_err(|e| reject(id, e))?;
+    let mut raw_opts = raw_options(opts, opts.handshake_timeout).map_err(|e| reject(id, e))?;
+    raw_opts.shared_recv = srq.is_some();
     let endpoint = choice.endpoint_for(id, opts).map_err(|e| reject(id, e))?;
     // On failure the request is rejected with the reason.
     let accepting = request.prepare_on(&endpoint, raw_opts)?;
     let id = accepting.request().id();
-    let pool = private_pool(accepting.pd(), &local).map_err(|e| reject(id, e))?;
-    let starting = Connection::start(accepting.qp(), accepting.pd(), pool, negotiated, opts)
-        .map_err(|e| reject(id, e))?;
+    let (pool, share) =
+        receive_side(accepting.pd(), &local, srq.as_ref()).map_err(|e| reject(id, e))?;
+    let starting = Connection::start(
+        accepting.qp(),
+        accepting.pd(),
+        pool,
+        share,
+        negotiated,
+        opts,
+    )
+    .map_err(|e| reject(id, e))?;
     // From here on the client holds our reply: REJECTED (it refused our handshake or gave up),
     // UNREACHABLE (our reply was never answered) ... end the setup with the event's error;
     // dropping the id then tears the rest down. A client that established, sent, closed and

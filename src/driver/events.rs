@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::shared::{Deferred, Shared};
 use crate::error::QpFailure;
@@ -88,6 +88,12 @@ pub(crate) async fn run(ctx: Context, shared: Weak<Shared>) {
 
 fn dispatch(shared: &Arc<Shared>, ev: &AsyncEvent) {
     if !ev.is_fatal() {
+        if let EventElement::Srq(_) = ev.element {
+            // SRQ_LIMIT_REACHED: its owner refills and re-arms.
+            debug!(event = ev.name, "shared receive queue limit reached");
+            shared.srq_limit.notify_one();
+            return;
+        }
         info!(event = ev.name, element = ?ev.element, "async event");
         return;
     }

@@ -36,11 +36,14 @@ use tracing::debug;
 
 pub use qp::AsyncQp;
 pub(crate) use raw::{OpConfig, RawOp};
-pub(crate) use shared::{Deferred, Shared, Sink};
+pub(crate) use shared::{Deferred, Shared, Sink, srq_wr_id};
 pub(crate) use wait::{WaitKind, Waiter, wait_until};
 
 use crate::error::{Error, Result};
-use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, QpCaps};
+use crate::verbs::{
+    CompletionChannel, CompletionQueue, Context, ProtectionDomain, QpCaps, SharedReceiveQueue,
+};
+use tokio::sync::Notify;
 
 /// How a future waits for its completion (see `docs/architecture.md`, "Waiting").
 ///
@@ -257,7 +260,25 @@ impl Driver {
     /// [`Error::InvalidArgument`] if the CQ cannot take the queue pair's depths;
     /// [`Error::CreateQp`] from the device.
     pub fn create_qp(&self, pd: &ProtectionDomain, opts: QpOptions) -> Result<AsyncQp> {
-        let need = u64::from(opts.caps.max_send_wr) + u64::from(opts.caps.max_recv_wr);
+        self.create_qp_on(pd, opts, None)
+    }
+
+    /// [`create_qp`](Self::create_qp), taking its receives from `srq` if given (whose
+    /// completions this driver routes by queue-pair number: see [`srq_wr_id`]). The receive
+    /// depth then reserves nothing in the completion queue (the SRQ's owner reserved its
+    /// depth once, [`reserve_cq`](Self::reserve_cq)).
+    pub(crate) fn create_qp_on(
+        &self,
+        pd: &ProtectionDomain,
+        opts: QpOptions,
+        srq: Option<&SharedReceiveQueue>,
+    ) -> Result<AsyncQp> {
+        let recv = if srq.is_some() {
+            0
+        } else {
+            u64::from(opts.caps.max_recv_wr)
+        };
+        let need = u64::from(opts.caps.max_send_wr) + recv;
         {
             let mut budget = self
                 .inner
@@ -279,13 +300,42 @@ impl Driver {
             }
             *budget += need;
         }
-        match AsyncQp::create(self.clone(), pd, opts, need) {
+        match AsyncQp::create(self.clone(), pd, opts, srq, need) {
             Ok(qp) => Ok(qp),
             Err(e) => {
                 self.release_budget(need);
                 Err(e)
             }
         }
+    }
+
+    /// Reserves `n` completion-queue entries (a shared receive queue's depth), or explains
+    /// why the completion queue cannot take them.
+    pub(crate) fn reserve_cq(&self, n: u64) -> Result<()> {
+        let mut budget = self
+            .inner
+            .shared
+            .cq_budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let cap = u64::from(self.inner.shared.cq.capacity());
+        if *budget + n > cap {
+            return Err(Error::InvalidArgument(format!(
+                "completion queue of {cap} entries cannot take {n} more ({} already used): \
+                 raise EndpointOptions::cq_size up to the device's max_cqe {}",
+                *budget,
+                self.context().device_attr().max_cqe
+            )));
+        }
+        *budget += n;
+        Ok(())
+    }
+
+    /// Routes the shared receive queue's completions whose queue pair is gone to `sink`, and
+    /// returns the notifier signalled when the device reports the queue's limit reached.
+    pub(crate) fn set_srq_sink(&self, sink: Arc<dyn Sink>) -> Arc<Notify> {
+        self.inner.shared.lock().srq_sink = Some(sink);
+        self.inner.shared.srq_limit.clone()
     }
 
     pub(crate) fn release_budget(&self, need: u64) {

@@ -10,7 +10,7 @@ use super::shared::{Deferred, QpEntry, Shared, Sink, sink_wr_id};
 use super::{Driver, QpOptions};
 use crate::error::{QpFailure, Result};
 use crate::proto::{QpConfig, QpKey};
-use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair};
+use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair, SharedReceiveQueue};
 
 /// A reliable-connected queue pair driven by a [`Driver`]: every operation is a future that
 /// posts on first poll and resolves on its work completion, taking its buffers by value and
@@ -34,11 +34,13 @@ impl AsyncQp {
         driver: Driver,
         pd: &ProtectionDomain,
         opts: QpOptions,
+        srq: Option<&SharedReceiveQueue>,
         cq_need: u64,
     ) -> Result<AsyncQp> {
         let cq = driver.shared().cq.clone();
         let mut attr = QpInitAttr::new(&cq, &cq);
         attr.caps = opts.caps;
+        attr.srq = srq.cloned();
         let qp = QueuePair::new_rc(pd, &attr)?;
         let caps: QpCaps = qp.caps();
         let key = {
@@ -53,6 +55,9 @@ impl AsyncQp {
             ));
             if st.qps.len() <= key.index() {
                 st.qps.resize_with(key.index() + 1, || None);
+            }
+            if srq.is_some() {
+                st.by_qpn.insert(qp.qpn(), key.index());
             }
             st.qps[key.index()] = Some(QpEntry {
                 qp: qp.clone(),

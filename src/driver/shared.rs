@@ -8,6 +8,7 @@
 //! buffers dropped after the lock is released ([`Deferred`]).
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
@@ -32,6 +33,16 @@ pub(crate) const SINK_BIT: u64 = 1 << 63;
 /// The `wr_id` of request `local` of the sink of `qp`.
 pub(crate) fn sink_wr_id(qp: QpKey, local: u32) -> u64 {
     SINK_BIT | ((qp.index() as u64) << 32) | u64::from(local)
+}
+
+/// The queue-pair index in the `wr_id` of receives posted on the driver's shared receive
+/// queue: which queue pair consumed one is known only from its completion (`qp_num`).
+const SRQ_INDEX: usize = (1 << 31) - 1;
+
+/// The `wr_id` of receive `local` on the shared receive queue. Its completion goes to the sink
+/// of the queue pair that consumed it, or (no such sink any more) to the SRQ's own sink.
+pub(crate) fn srq_wr_id(local: u32) -> u64 {
+    sink_wr_id(QpKey::from_index(SRQ_INDEX), local)
 }
 
 /// Receives the completions of the requests a queue pair's owner posted itself (with
@@ -66,6 +77,10 @@ pub(crate) struct QpEntry {
 pub(crate) struct State {
     pub(crate) core: Core<Payload>,
     pub(crate) qps: Vec<Option<QpEntry>>,
+    /// Queue pairs on the shared receive queue, by number (its completions name no key).
+    pub(crate) by_qpn: HashMap<u32, usize>,
+    /// Takes the shared receive queue's completions whose queue pair has no sink any more.
+    pub(crate) srq_sink: Option<Arc<dyn Sink>>,
     /// Reused lists (the hot path does not allocate).
     pub(crate) posts: Vec<PostItem>,
     pub(crate) out: Completed<Payload>,
@@ -108,6 +123,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     /// Sum of the depths of the registered queue pairs (bounded by the CQ size).
     pub(crate) cq_budget: Mutex<u64>,
+    /// Signalled when the device reports the shared receive queue's limit reached.
+    pub(crate) srq_limit: Arc<Notify>,
 }
 
 /// Wakers to wake and buffers to drop once the lock is released. Holds up to
@@ -165,6 +182,8 @@ impl Shared {
             state: Mutex::new(State {
                 core: Core::new(),
                 qps: Vec::new(),
+                by_qpn: HashMap::new(),
+                srq_sink: None,
                 posts: Vec::new(),
                 out: Completed::default(),
                 batch: WcBatch::with_capacity(batch.max(1)),
@@ -180,6 +199,7 @@ impl Shared {
             closing: AtomicBool::new(false),
             counters: Counters::default(),
             cq_budget: Mutex::new(0),
+            srq_limit: Arc::new(Notify::new()),
         }
     }
 
@@ -196,6 +216,8 @@ impl Shared {
         let State {
             core,
             qps,
+            by_qpn,
+            srq_sink,
             out,
             batch,
             ..
@@ -217,11 +239,27 @@ impl Shared {
                 core.complete(&cqe, out);
                 continue;
             }
-            let key = QpKey::from_index(((cqe.wr_id & !SINK_BIT) >> 32) as usize);
+            let mut key = QpKey::from_index(((cqe.wr_id & !SINK_BIT) >> 32) as usize);
+            let on_srq = key.index() == SRQ_INDEX;
+            if on_srq {
+                if let Some(&i) = by_qpn.get(&wc.qp_num()) {
+                    key = QpKey::from_index(i);
+                }
+            }
             let sink = qps
                 .get(key.index())
                 .and_then(Option::as_ref)
                 .and_then(|e| e.sink.clone());
+            if sink.is_none() && on_srq {
+                // Its queue pair is gone (or never was ours): the buffer goes back.
+                match srq_sink.as_ref() {
+                    Some(srq) => {
+                        srq.on_completion(cqe.wr_id as u32, &cqe, None, wake);
+                    }
+                    None => out.unknown += 1,
+                }
+                continue;
+            }
             match sink {
                 Some(sink) => {
                     let failure = core.failure(key).cloned();
@@ -349,6 +387,7 @@ impl State {
                 && self.core.remove_qp(QpKey::from_index(i))
             {
                 if let Some(e) = self.qps[i].take() {
+                    self.by_qpn.remove(&e.qp.qpn());
                     reaped.push(e);
                 }
             }

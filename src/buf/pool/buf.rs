@@ -61,6 +61,11 @@ impl PoolBuf {
         }
     }
 
+    /// The buffer's slot in its size class (unique among the buffers of the class).
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -91,6 +91,9 @@ pub struct RawOptions {
     /// The limit for each step of the setup (address, route, the peer's answer, the
     /// established event).
     pub timeout: Duration,
+    /// Receive on the endpoint's shared receive queue, in its protection domain (message
+    /// connections on an endpoint that has one).
+    pub(crate) shared_recv: bool,
 }
 
 impl Default for RawOptions {
@@ -108,6 +111,7 @@ impl Default for RawOptions {
             rnr_retry_count: 7,
             ack_timeout: None,
             timeout: Duration::from_secs(10),
+            shared_recv: false,
         }
     }
 }
@@ -251,8 +255,20 @@ pub(crate) fn create_qp(
     if let Some(t) = opts.ack_timeout {
         id.set_ack_timeout(t)?;
     }
-    let pd = ProtectionDomain::new(endpoint.context())?;
-    let qp = endpoint.driver().create_qp(&pd, opts.qp)?;
+    let (pd, qp) = match endpoint.shared_recv().filter(|_| opts.shared_recv) {
+        Some(srq) => {
+            let pd = srq.pd().clone();
+            let qp = endpoint
+                .driver()
+                .create_qp_on(&pd, opts.qp, Some(srq.srq()))?;
+            (pd, qp)
+        }
+        None => {
+            let pd = ProtectionDomain::new(endpoint.context())?;
+            let qp = endpoint.driver().create_qp(&pd, opts.qp)?;
+            (pd, qp)
+        }
+    };
     id.modify_qp_with_access(qp.verbs(), QpState::Init, opts.access)?;
     Ok((qp, pd))
 }

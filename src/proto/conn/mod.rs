@@ -568,11 +568,10 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         // A `Fetched` waiting for room in the control window must not keep a confirm-only
         // credit message (which has room of its own) from going out: two sides each waiting
         // for the other's confirmation would wait forever.
-        let rdv_ack = self
-            .rx
-            .rdv
-            .ack_due()
-            .filter(|_| !self.pending_abort && self.credits.ctrl_unconfirmed() < CONTROL_WINDOW);
+        let rdv_ack =
+            self.rx.rdv.ack_due().filter(|_| {
+                !self.pending_abort && self.credits.ctrl_unconfirmed() < CONTROL_WINDOW
+            });
         let kind = if self.pending_abort {
             MsgKind::Abort
         } else if let Some(seq) = rdv_ack {

@@ -498,7 +498,11 @@ fn random_interleavings_deliver_exactly_the_committed_messages() {
         let chunk = [64u32, 100, 256][(seed % 3) as usize];
         // Every fourth run starts with fewer credits than the depth and grants the rest
         // piecemeal, as a connection on a shared receive queue does.
-        let initial = if seed % 4 == 3 { 1 + (seed / 4) as u32 % credits } else { credits };
+        let initial = if seed % 4 == 3 {
+            1 + (seed / 4) as u32 % credits
+        } else {
+            credits
+        };
         let mut sim = Sim::new(
             seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xdead_beef,
             ConnConfig {
