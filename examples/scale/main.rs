@@ -33,7 +33,7 @@ use common::proc_stats::{fd_count, resource_counts, rss_bytes};
 use sys::{Report, hw_counters, raise_fd_limit};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
-use tokio_rdma::conn::{ConnectOptions, Connection};
+use tokio_rdma::conn::{ConnectOptions, Connection, SrqOptions};
 use tokio_rdma::{Endpoint, EndpointOptions};
 
 /// N connections on one device: setup rate, memory per connection, message rate with all
@@ -72,6 +72,10 @@ struct Args {
     /// One endpoint (one CQ) for the listener and the clients
     #[arg(long)]
     shared_endpoint: bool,
+    /// Give the server endpoint a shared receive queue of this many buffers (of --buf-size
+    /// bytes): every server-side connection receives into them
+    #[arg(long, value_name = "BUFFERS")]
+    srq: Option<u32>,
     /// Connect and handshake timeout, seconds (TCG is slow)
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     timeout: u64,
@@ -103,9 +107,16 @@ fn payload(id: u64, seq: u64, buf: &mut [u8]) {
     }
 }
 
-fn open_endpoint(args: &Args) -> tokio_rdma::Result<Endpoint> {
+fn open_endpoint(args: &Args, srq: Option<u32>) -> tokio_rdma::Result<Endpoint> {
     let mut o = EndpointOptions::default();
     o.cq_size = args.cq_size;
+    if let Some(buffers) = srq {
+        o = o.shared_receive_queue(
+            SrqOptions::default()
+                .buffers(buffers)
+                .buffer_size(args.buf_size),
+        );
+    }
     match &args.device {
         Some(d) => Endpoint::open_with(d, o),
         None => Endpoint::open_first_active_with(o),
@@ -372,6 +383,9 @@ async fn run(args: Args) -> Result<(), String> {
         return Err("--size must be at least 16 (connection id and sequence number)".into());
     }
     let k = args.concurrency.max(1);
+    if args.srq.is_some() && args.shared_endpoint {
+        return Err("--srq gives the server endpoint a shared receive queue: use it without --shared-endpoint".into());
+    }
     let addr = args.addr.unwrap_or_else(|| common::default_addr(7490));
     let mut rep = Report::new(args.json);
     let (soft, hard) = raise_fd_limit();
@@ -379,11 +393,11 @@ async fn run(args: Args) -> Result<(), String> {
         "fd limit (RLIMIT_NOFILE): soft raised to {soft} (hard {hard})"
     ));
 
-    let server_ep = open_endpoint(&args).map_err(|e| format!("open endpoint: {e}"))?;
+    let server_ep = open_endpoint(&args, args.srq).map_err(|e| format!("open endpoint: {e}"))?;
     let client_ep = if args.shared_endpoint {
         server_ep.clone()
     } else {
-        open_endpoint(&args).map_err(|e| format!("open endpoint: {e}"))?
+        open_endpoint(&args, None).map_err(|e| format!("open endpoint: {e}"))?
     };
     let dev = server_ep.device_name().to_string();
     let attr = server_ep.context().device_attr();
@@ -459,9 +473,32 @@ async fn run(args: Args) -> Result<(), String> {
     // ---- memory ----------------------------------------------------------------------
     let (crecv, cstage) = registered(&clients);
     let (srecv, sstage) = registered(&servers);
+    let nn = n as u64;
+    // The server side's receive memory: its connections' receive pools, or the shared
+    // receive queue's one pool.
+    let server_recv = match server_ep.shared_receive_stats() {
+        Some(q) => {
+            rep.line(format!(
+                "server receive memory: shared receive queue of {} buffers x {} B = {} B registered for {n} connections ({} B per connection); {} receives granted, {} buffers unclaimed",
+                q.buffers,
+                args.buf_size,
+                q.pool.bytes_registered,
+                q.pool.bytes_registered / nn,
+                q.granted,
+                q.spare
+            ));
+            q.pool.bytes_registered
+        }
+        None => {
+            rep.line(format!(
+                "server receive memory: {srecv} B registered in {n} private receive pools ({} B per connection)",
+                srecv / nn
+            ));
+            srecv
+        }
+    };
     let res1 = resource_counts(&dev)?;
     let (rss1, fds1) = (rss_bytes(), fd_count());
-    let nn = n as u64;
     let b = u64::from(args.buf_size).next_multiple_of(64);
     let c = u64::from(args.credits);
     let page = |x: u64| x.next_multiple_of(4096);
@@ -475,10 +512,10 @@ async fn run(args: Args) -> Result<(), String> {
     rep.line(format!(
         "registered in all ({} connection ends): receive {:.1} MiB, staging {:.1} MiB, total {:.1} MiB; server side per connection: receive {} B, staging {} B",
         2 * n,
-        mib(crecv + srecv),
+        mib(crecv + server_recv),
         mib(cstage + sstage),
-        mib(crecv + srecv + cstage + sstage),
-        srecv / nn,
+        mib(crecv + server_recv + cstage + sstage),
+        server_recv / nn,
         sstage / nn
     ));
     rep.line(format!(
@@ -487,11 +524,13 @@ async fn run(args: Args) -> Result<(), String> {
         (rss1.saturating_sub(rss0)) as f64 / 1024.0 / (2 * n) as f64,
         fds1 as i64 - fds0 as i64,
     ));
+    rep.num("server_recv_bytes", server_recv as f64);
+    rep.num("server_recv_bytes_per_conn", (server_recv / nn) as f64);
     rep.num("recv_registered_per_conn", (crecv / nn) as f64);
     rep.num("staging_registered_per_conn", (cstage / nn) as f64);
     rep.num(
         "registered_total_bytes",
-        (crecv + srecv + cstage + sstage) as f64,
+        (crecv + server_recv + cstage + sstage) as f64,
     );
     rep.num("rss_bytes", rss1 as f64);
     rep.num("fds", fds1 as f64);
@@ -536,6 +575,13 @@ async fn run(args: Args) -> Result<(), String> {
         }
     ));
     rep.num("rnr", rnr as f64);
+    if let Some(q) = server_ep.shared_receive_stats() {
+        rep.line(format!(
+            "shared receive queue after the traffic: {} posted of {}, {} granted, {} unclaimed, {} refused, {} limit events, {} orphans",
+            q.posted, q.buffers, q.granted, q.spare, q.refused, q.limit_events, q.orphans
+        ));
+        rep.num("srq_limit_events", q.limit_events as f64);
+    }
 
     // ---- teardown --------------------------------------------------------------------
     let (secs, close_errors) = teardown(t.clients, t.servers).await?;

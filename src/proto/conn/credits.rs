@@ -29,7 +29,7 @@
 //! ```ignore
 //! use crate::proto::Credits;
 //!
-//! let mut c = Credits::new(4, 4, 4); // the peer keeps 4 data receives for us; we keep 4 for it
+//! let mut c = Credits::new(4, 4, 4, 4); // the peer keeps 4 data receives for us; we keep 4 for it
 //! for _ in 0..4 {
 //!     assert!(c.try_take_data());
 //! }
@@ -78,9 +78,15 @@ pub struct Credits {
 
 impl Credits {
     /// Starts with `remote_initial` of the peer's `remote_depth` data credits (the peer grants
-    /// the rest later, as returns), and `local_initial` of ours. The credit-message threshold
-    /// is half our initial credits (at least 1).
-    pub fn new(remote_initial: u32, remote_depth: u32, local_initial: u32) -> Credits {
+    /// the rest later, as returns), and `local_initial` of our `local_depth`. The
+    /// credit-message threshold is half our depth (at least 1): a window that starts small
+    /// and grows batches its returns like a full one.
+    pub fn new(
+        remote_initial: u32,
+        remote_depth: u32,
+        local_initial: u32,
+        local_depth: u32,
+    ) -> Credits {
         let remote_initial = remote_initial.min(remote_depth);
         let local_credits = local_initial;
         Credits {
@@ -95,7 +101,7 @@ impl Credits {
             ctrl_announced: 0,
             owed: 0,
             peer_view: local_credits,
-            threshold: (local_credits / 2).max(1),
+            threshold: (local_depth / 2).max(1),
         }
     }
 
@@ -226,7 +232,7 @@ mod tests {
 
     #[test]
     fn control_messages_have_a_window_confirmed_by_the_peer() {
-        let mut c = Credits::new(2, 2, 8);
+        let mut c = Credits::new(2, 2, 8, 8);
         assert!(c.try_take_data() && c.try_take_data() && !c.try_take_data());
         assert!(c.try_take_control(false), "control needs no data credit");
         assert!(c.try_take_control(false));
@@ -241,7 +247,7 @@ mod tests {
 
     #[test]
     fn confirmation_is_due_after_a_window_of_peer_controls() {
-        let mut c = Credits::new(2, 2, 2);
+        let mut c = Credits::new(2, 2, 2, 2);
         c.on_ctrl_reposted();
         assert!(!c.confirm_due());
         c.on_ctrl_reposted();
@@ -252,7 +258,7 @@ mod tests {
 
     #[test]
     fn credit_messages_when_owed_or_when_the_peer_ran_dry() {
-        let mut c = Credits::new(8, 8, 8);
+        let mut c = Credits::new(8, 8, 8, 8);
         for _ in 0..3 {
             c.on_data_received().unwrap();
             c.on_data_reposted();
@@ -278,7 +284,7 @@ mod tests {
 
     #[test]
     fn credits_granted_later_arrive_as_returns_up_to_the_depth() {
-        let mut c = Credits::new(2, 8, 2);
+        let mut c = Credits::new(2, 8, 2, 2);
         assert_eq!(c.data_available(), 2);
         c.on_returned(6).unwrap();
         assert_eq!(c.data_available(), 8);
@@ -287,7 +293,7 @@ mod tests {
 
     #[test]
     fn returning_more_than_in_use_is_a_violation() {
-        let mut c = Credits::new(4, 4, 4);
+        let mut c = Credits::new(4, 4, 4, 4);
         assert!(c.try_take_data());
         assert_eq!(c.on_returned(2), Err(ProtocolError::CreditInflation));
         assert_eq!(c.on_returned(1), Ok(()));

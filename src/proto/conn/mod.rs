@@ -243,7 +243,12 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// ([`recvs_to_post`](Self::recvs_to_post)): post them before the peer learns the credits.
     pub fn new(cfg: ConnConfig, now: Instant) -> ConnProto<B> {
         ConnProto {
-            credits: Credits::new(cfg.send_initial, cfg.send_credits, cfg.recv_initial),
+            credits: Credits::new(
+                cfg.send_initial,
+                cfg.send_credits,
+                cfg.recv_initial,
+                cfg.recv_credits,
+            ),
             rx: recv::RecvState::new(&cfg),
             cfg,
             failure: None,

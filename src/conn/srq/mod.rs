@@ -24,7 +24,8 @@
 //!   a grant takes one, and waits for a re-post when there is none.
 //!
 //! Credits above the floor (up to the connection's `recv_credits`) are granted only from
-//! `spare`, and only as traffic earns them: each receive the peer used allows two claims
+//! `spare`, never its last eighth (kept for the floors of connections to come), and only as
+//! traffic earns them: each receive the peer used allows two claims
 //! (re-grant it and grow by one), so an idle connection stays at its floor and a busy one
 //! doubles its window each round trip. After a connection was refused, claims stop earning
 //! growth until a quarter of the queue is unclaimed again: busy connections shrink back to
@@ -38,10 +39,12 @@
 //! its next step, and by a task waiting for the pool (which also re-arms the queue's limit
 //! event, `IBV_EVENT_SRQ_LIMIT_REACHED`, counted in [`SrqStats::limit_events`]).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tracing::{debug, warn};
+
+use budget::{Budget, Claim};
 
 use super::io::ConnIo;
 use crate::buf::{Pool, PoolBuf, PoolConfig, PoolMetrics, SizeClass};
@@ -50,6 +53,8 @@ use crate::error::{Error, QpFailure, Result};
 use crate::proto::Cqe;
 use crate::proto::conn::CONTROL_RECVS;
 use crate::verbs::{ProtectionDomain, RecvWr, SharedReceiveQueue};
+
+mod budget;
 
 /// Low half of a sink `wr_id`: this bit marks a receive on the shared queue (the rest is the
 /// buffer's pool slot).
@@ -160,16 +165,8 @@ pub(crate) struct SharedRecv {
     /// Buffers on the queue, by pool slot.
     posted: Mutex<Vec<Option<PoolBuf>>>,
     n_posted: AtomicU64,
-    slack: AtomicI64,
-    spare: AtomicI64,
-    connections: AtomicU32,
-    granted: AtomicI64,
-    refused: AtomicU64,
-    /// A connection was refused lately: connections stop growing (and shrink back to their
-    /// floors as their peers use their credits) until a quarter of the queue is unclaimed.
-    pressure: AtomicBool,
+    budget: Budget,
     limit_events: AtomicU64,
-    orphans: AtomicU64,
     /// Connections waiting for a receive to come back to re-grant their floor.
     waiters: Mutex<Vec<Weak<ConnIo>>>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -225,14 +222,8 @@ impl SharedRecv {
             opts,
             posted: Mutex::new((0..opts.buffers).map(|_| None).collect()),
             n_posted: AtomicU64::new(0),
-            slack: AtomicI64::new(0),
-            spare: AtomicI64::new(i64::from(opts.buffers)),
-            connections: AtomicU32::new(0),
-            granted: AtomicI64::new(0),
-            refused: AtomicU64::new(0),
-            pressure: AtomicBool::new(false),
+            budget: Budget::new(opts.buffers),
             limit_events: AtomicU64::new(0),
-            orphans: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
             task: Mutex::new(None),
         });
@@ -328,7 +319,7 @@ impl SharedRecv {
             return;
         }
         self.n_posted.fetch_add(n as u64, Ordering::Relaxed);
-        self.slack.fetch_add(n, Ordering::AcqRel);
+        self.budget.posted(n as u32);
         let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
         for w in waiters {
             if let Some(io) = w.upgrade() {
@@ -354,62 +345,23 @@ impl SharedRecv {
 
     /// A receive was consumed by no admitted connection.
     pub(crate) fn consumed_unclaimed(&self) {
-        self.slack.fetch_sub(1, Ordering::AcqRel);
-        self.orphans.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// `n` buffers' worth of claims come back to `spare`.
-    fn give_back(&self, n: u32) {
-        let spare = self.spare.fetch_add(i64::from(n), Ordering::AcqRel) + i64::from(n);
-        if spare >= i64::from(self.opts.buffers / 4) {
-            self.pressure.store(false, Ordering::Relaxed);
-        }
+        self.budget.consumed_unclaimed();
     }
 
     /// Admits a connection with a floor of `floor` receives, or refuses it.
     pub(crate) fn admit(self: &Arc<Self>, floor: u32) -> Result<SrqShare> {
-        let need = i64::from(floor);
-        let took = self
-            .spare
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (s >= need).then_some(s - need)
-            });
-        if let Err(spare) = took {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            self.pressure.store(true, Ordering::Relaxed);
-            return Err(Error::ReceiveBudgetExhausted {
+        match self.budget.admit(floor) {
+            Ok(claim) => Ok(SrqShare {
+                shared: self.clone(),
+                claim,
+            }),
+            Err(r) => Err(Error::ReceiveBudgetExhausted {
                 buffers: self.opts.buffers,
-                connections: self.connections.load(Ordering::Relaxed),
-                spare,
+                connections: r.connections,
+                spare: r.spare,
                 floor,
-            });
+            }),
         }
-        self.connections.fetch_add(1, Ordering::Relaxed);
-        let mut share = SrqShare {
-            shared: self.clone(),
-            floor,
-            granted: 0,
-            held: 0,
-            prepaid: 0,
-            open: false,
-            allowance: 0,
-        };
-        // The first receives are granted in the handshake: claim them now (buffers the
-        // applications hold may leave fewer on the queue than the floors reserve).
-        share.prepaid = share.claim(floor);
-        if share.prepaid < floor {
-            let spare = self.spare.load(Ordering::Relaxed);
-            drop(share);
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            self.pressure.store(true, Ordering::Relaxed);
-            return Err(Error::ReceiveBudgetExhausted {
-                buffers: self.opts.buffers,
-                connections: self.connections.load(Ordering::Relaxed),
-                spare,
-                floor,
-            });
-        }
-        Ok(share)
     }
 
     /// Asks `io` to be kicked when a buffer is posted again.
@@ -424,12 +376,12 @@ impl SharedRecv {
         SrqStats {
             buffers: self.opts.buffers,
             posted: self.n_posted.load(Ordering::Relaxed),
-            connections: self.connections.load(Ordering::Relaxed),
-            granted: self.granted.load(Ordering::Relaxed).max(0) as u64,
-            spare: self.spare.load(Ordering::Relaxed),
-            refused: self.refused.load(Ordering::Relaxed),
+            connections: self.budget.connections(),
+            granted: self.budget.granted(),
+            spare: self.budget.spare(),
+            refused: self.budget.refused(),
             limit_events: self.limit_events.load(Ordering::Relaxed),
-            orphans: self.orphans.load(Ordering::Relaxed),
+            orphans: self.budget.orphans(),
             pool: self.pool.metrics(),
         }
     }
@@ -464,20 +416,7 @@ impl Sink for SharedRecv {
 #[derive(Debug)]
 pub(crate) struct SrqShare {
     shared: Arc<SharedRecv>,
-    floor: u32,
-    /// Receives granted to the peer and not consumed yet.
-    granted: u32,
-    /// Buffers of this connection's receives its application holds (as last seen).
-    held: u32,
-    /// Of those, claimed at admission and not yet handed to the state machine.
-    prepaid: u32,
-    /// The connection is established: credits beyond the first may be claimed (granting
-    /// them sends a credit message, which needs the queue pair ready to send).
-    open: bool,
-    /// Claims above the floor this connection has earned: each receive its peer used earns
-    /// two (one to re-grant it, one to grow), none while the queue is under pressure. An idle
-    /// connection stays at its floor; a busy one doubles its window each round trip.
-    allowance: u32,
+    claim: Claim,
 }
 
 impl SrqShare {
@@ -490,103 +429,37 @@ impl SrqShare {
         &self.shared
     }
 
-    /// Claims up to `want` receives to grant; returns how many it got. Below the floor a
-    /// claim needs only a receive on the queue no one has claimed (`slack`); above it, room
-    /// in `spare` too.
-    fn claim(&mut self, want: u32) -> u32 {
-        let take = |c: &AtomicI64| {
-            c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
-                (x > 0).then_some(x - 1)
-            })
-            .is_ok()
-        };
-        let mut got = 0;
-        while got < want {
-            if !take(&self.shared.slack) {
-                break;
-            }
-            let above = self.granted + self.held >= self.floor;
-            if above && (self.allowance == 0 || !take(&self.shared.spare)) {
-                self.shared.slack.fetch_add(1, Ordering::AcqRel);
-                break;
-            }
-            if above {
-                self.allowance -= 1;
-            }
-            self.granted += 1;
-            got += 1;
-        }
-        self.shared
-            .granted
-            .fetch_add(i64::from(got), Ordering::Relaxed);
-        got
-    }
-
-    /// Receives to report posted for `want` asked by the state machine: those claimed at
-    /// admission first, then new claims.
+    /// Receives to report posted for `want` asked by the state machine ([`Claim::post`]).
     pub(crate) fn post(&mut self, want: u32) -> u32 {
-        let pre = self.prepaid.min(want);
-        self.prepaid -= pre;
-        if !self.open {
-            return pre;
-        }
-        pre + self.claim(want - pre)
-    }
-
-    pub(crate) fn is_open(&self) -> bool {
-        self.open
+        self.claim.post(&self.shared.budget, want)
     }
 
     /// The connection is established: claim more as the state machine asks.
     pub(crate) fn open(&mut self) {
-        self.open = true;
+        self.claim.open();
     }
 
-    /// Whether the connection holds fewer receives than its floor.
+    pub(crate) fn is_open(&self) -> bool {
+        self.claim.is_open()
+    }
+
     pub(crate) fn below_floor(&self) -> bool {
-        self.granted + self.held < self.floor
+        self.claim.below_floor()
     }
 
-    /// The application now holds `held` of this connection's buffers (it dropped the rest).
+    /// The application now holds `held` of this connection's buffers.
     pub(crate) fn set_held(&mut self, held: u32) {
-        if held >= self.held {
-            return;
-        }
-        let before = self.granted + self.held;
-        let after = self.granted + held;
-        self.held = held;
-        // Footprint above the floor shrank: that much is unclaimed again.
-        let freed = before.max(self.floor) - after.max(self.floor);
-        if freed > 0 {
-            self.shared.give_back(freed);
-        }
+        self.claim.set_held(&self.shared.budget, held);
     }
 
-    /// One of this connection's receives completed (it took a buffer off the queue).
+    /// One of this connection's receives completed.
     pub(crate) fn consumed(&mut self) {
-        if self.granted == 0 {
-            // More completions than grants: only a peer that ignored credits gets here (the
-            // state machine fails the connection for it).
-            self.shared.consumed_unclaimed();
-            return;
-        }
-        // The footprint stays: the buffer moves from granted to held.
-        self.granted -= 1;
-        self.held += 1;
-        if !self.shared.pressure.load(Ordering::Relaxed) {
-            self.allowance = self.allowance.saturating_add(2);
-        }
-        self.shared.granted.fetch_sub(1, Ordering::Relaxed);
+        self.claim.consumed(&self.shared.budget);
     }
 }
 
 impl Drop for SrqShare {
     fn drop(&mut self) {
-        let s = &self.shared;
-        s.slack.fetch_add(i64::from(self.granted), Ordering::AcqRel);
-        s.give_back((self.granted + self.held).max(self.floor));
-        s.granted
-            .fetch_sub(i64::from(self.granted), Ordering::Relaxed);
-        s.connections.fetch_sub(1, Ordering::Relaxed);
+        self.claim.release(&self.shared.budget);
     }
 }
