@@ -145,3 +145,60 @@ async fn registered_bytes_go_without_copying_and_everything_else_is_copied() {
         within(30, "close", c.close()).await.expect("close");
     }
 }
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_registration_cache_lease_sends_any_memory_without_copying() {
+    common::init_tracing();
+    let ep = Endpoint::open(&common::device_name()).expect("endpoint");
+    let (client, server) = pair(&ep, 7445).await;
+    // Long-lived memory outside every pool (leaked: never unmapped while cached).
+    let arena: &'static mut [u8] = Box::leak(common::pattern(2 * BIG, 9).into_boxed_slice());
+    let arena: &'static [u8] = arena;
+    let mrs_before = common::resource_counts().get("mr").copied().unwrap_or(0);
+    // SAFETY: `arena` is never unmapped or remapped.
+    let cache = unsafe { client.registration_cache(tokio_rdma::buf::CacheConfig::default()) };
+    let before = client.stats();
+    for (what, range) in [
+        ("miss", 0..BIG),
+        ("hit", 4096..4096 + SMALL),
+        ("second half", BIG..2 * BIG),
+    ] {
+        let bytes = Bytes::from_static(&arena[range.clone()]);
+        let (r, ()) = tokio::join!(
+            client.send_bytes(bytes),
+            recv_exact(&server, &arena[range], what)
+        );
+        r.expect("send_bytes under a lease");
+    }
+    let (zc, copied) = sent(&before, &client.stats());
+    println!(
+        "leased sends: {zc} bytes zero-copy, {copied} copied; cache {:?}",
+        cache.metrics()
+    );
+    assert_eq!(
+        (zc, copied),
+        ((2 * BIG + SMALL) as u64, 0),
+        "nothing copied"
+    );
+    let m = cache.metrics();
+    assert!(m.hits >= 1 && m.misses >= 1, "{m:?}");
+    let mrs = common::resource_counts().get("mr").copied().unwrap_or(0);
+    assert!(
+        mrs > mrs_before,
+        "the arena is registered ({mrs_before} -> {mrs})"
+    );
+    // Small messages still go inline.
+    let before = client.stats();
+    let (r, ()) = tokio::join!(
+        client.send_bytes(Bytes::from_static(&arena[..16])),
+        recv_exact(&server, &arena[..16], "inline")
+    );
+    r.expect("inline");
+    assert_eq!(
+        client.stats().send_bytes_inline - before.send_bytes_inline,
+        16
+    );
+    drop((client, server));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}

@@ -19,7 +19,9 @@ use super::setup;
 use super::shared::ConnShared;
 use super::srq::SrqShare;
 use super::stream::RdmaStream;
-use crate::buf::{Grant, IoBufMut, Pool, PoolConfig, PoolMetrics, RemoteAccess};
+use crate::buf::{
+    CacheConfig, Grant, IoBufMut, Pool, PoolConfig, PoolMetrics, RegCache, RemoteAccess,
+};
 use crate::driver::AsyncQp;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
@@ -39,7 +41,9 @@ use crate::verbs::ProtectionDomain;
 /// * One-sided I/O: [`write`](Self::write), [`read`](Self::read) and atomics against
 ///   [`RemoteToken`](crate::buf::RemoteToken)s the peer granted with [`grant`](Self::grant).
 ///   Each connection has its own protection domain: a token works on the connection it was
-///   granted for and on no other.
+///   granted for and on no other. (On an endpoint with a shared receive queue the
+///   connections share one and grant nothing; see
+///   [`EndpointOptions::shared_receive_queue`](crate::EndpointOptions::shared_receive_queue).)
 /// * A byte stream: [`into_stream`](Self::into_stream) gives an `AsyncRead + AsyncWrite`.
 /// * [`close`](Self::close) ends the stream cleanly (the peer's `recv` returns `Ok(None)`) and
 ///   drains; dropping the connection does the same in the background. A failure is never
@@ -67,6 +71,9 @@ pub struct Connection {
     pub(super) offered: Flags,
     pub(super) user_pool: OnceLock<Pool>,
     user_pool_config: PoolConfig,
+    /// Made by [`registration_cache`](Self::registration_cache): `send_bytes` of memory
+    /// outside the pools looks it up there instead of copying.
+    pub(super) reg_cache: OnceLock<RegCache>,
 }
 
 /// Counters of one connection.
@@ -278,6 +285,7 @@ impl Connection {
             span,
             offered,
             user_pool: OnceLock::new(),
+            reg_cache: OnceLock::new(),
             user_pool_config,
         }
     }
@@ -315,6 +323,42 @@ impl Connection {
         }
         let pool = Pool::with_pd(&self.shared.pd, self.user_pool_config.clone())?;
         Ok(self.user_pool.get_or_init(|| pool))
+    }
+
+    /// This connection's registration cache, made on the first call (with `config`; later
+    /// calls return the same cache and ignore it), registering in this connection's
+    /// protection domain. From then on [`send_bytes`](Self::send_bytes) of bytes outside the
+    /// connection's pools sends them without copying: their pages are registered on the first
+    /// send from them (a miss, `ibv_reg_mr`) and every later send from them is a cache hit;
+    /// the registration (a lease) is held until the device has read the bytes. Use it for
+    /// long-lived memory sent many times (a file mapping, an arena); the first send from each
+    /// range pays a registration, which is slower than copying a small message.
+    ///
+    /// # Safety
+    ///
+    /// The cache's contract ([`RegCache::new`]): memory sent through `send_bytes` while the
+    /// cache exists must not be unmapped or remapped (`munmap`, `mremap`,
+    /// `madvise(MADV_DONTNEED)`, ...) without [`RegCache::invalidate`] first.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tokio_rdma::buf::CacheConfig;
+    /// # async fn demo(conn: tokio_rdma::conn::Connection) -> tokio_rdma::Result<()> {
+    /// // A long-lived buffer, never freed while the cache lives.
+    /// let arena: &'static [u8] = Box::leak(vec![7u8; 1 << 20].into_boxed_slice());
+    /// // SAFETY: `arena` is never unmapped.
+    /// unsafe { conn.registration_cache(CacheConfig::default()) };
+    /// conn.send_bytes(bytes::Bytes::from_static(arena)).await?; // registers once, no copy
+    /// conn.send_bytes(bytes::Bytes::from_static(&arena[..4096])).await?; // a cache hit
+    /// assert_eq!(conn.stats().send_bytes_copied, 0);
+    /// # Ok(()) }
+    /// ```
+    pub unsafe fn registration_cache(&self, config: CacheConfig) -> &RegCache {
+        self.reg_cache.get_or_init(|| {
+            // SAFETY: the caller's contract.
+            unsafe { RegCache::with_pd(&self.shared.pd, config) }
+        })
     }
 
     /// Grants the peer `access` to `range` of `buf` through this connection only: the

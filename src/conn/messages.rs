@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::io::{ConnState, Source};
 use super::rendezvous::RdvSource;
 use super::shared::Message;
-use crate::buf::PoolBuf;
+use crate::buf::{MrLease, PoolBuf};
 use crate::driver::{WaitKind, Waiter};
 use crate::error::{Error, QpFailure, Result};
 
@@ -63,8 +63,17 @@ impl Connection {
     /// [`send_buf`](Self::send_buf)), or a received [`Message`]'s
     /// [`into_bytes`](Message::into_bytes) (forwarding it). Chunks go straight from those
     /// bytes to the peer; the connection keeps a reference to them until the device has read
-    /// them, so their memory returns to its pool only then. Other bytes are copied as `send`
-    /// copies them. [`ConnStats`](super::ConnStats) counts the bytes sent each way.
+    /// them, so their memory returns to its pool only then. Once the connection has a
+    /// [`registration_cache`](Self::registration_cache), any other bytes go without copying
+    /// too, under a lease of the cache (registered on the first send from them). Otherwise
+    /// other bytes are copied as `send` copies them. [`ConnStats`](super::ConnStats) counts the
+    /// bytes sent each way.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send); with a registration cache, its registration errors on a miss
+    /// ([`Error::MemlockExhausted`], ...).
+    ///
     ///
     /// A message of at least
     /// [`ConnectOptions::rendezvous_threshold`](super::ConnectOptions::rendezvous_threshold)
@@ -72,10 +81,6 @@ impl Connection {
     /// its bytes are registered for the peer to RDMA READ (READ-only, this connection only),
     /// the peer reads them straight into its destination, and this resolves once it has (the
     /// registration is then dropped). No copy on either side.
-    ///
-    /// # Errors
-    ///
-    /// As [`send`](Self::send).
     ///
     /// # Cancel safety
     ///
@@ -102,9 +107,22 @@ impl Connection {
         let lkey = (msg.len() > self.shared.io.max_inline())
             .then(|| self.shared.io.lkey_of(&msg, self.user_pool.get()))
             .flatten();
-        match lkey {
-            Some(lkey) => self.send_from(Source::Registered(&msg, lkey), None).await,
-            None => self.send_from(Source::Copy(&msg), None).await,
+        if let Some(lkey) = lkey {
+            return self.send_from(Source::Registered(&msg, lkey), None).await;
+        }
+        match self.reg_cache.get() {
+            Some(cache) if msg.len() > self.shared.io.max_inline() => {
+                let lease = cache.lookup_or_register(msg.as_ptr(), msg.len())?;
+                let lkey = lease.lkey();
+                // The send ring keeps these bytes until the device read them: with them, the
+                // lease that keeps them registered.
+                let held = Bytes::from_owner(Leased {
+                    bytes: msg,
+                    _lease: lease,
+                });
+                self.send_from(Source::Registered(&held, lkey), None).await
+            }
+            _ => self.send_from(Source::Copy(&msg), None).await,
         }
     }
 
@@ -290,5 +308,17 @@ impl<'a> Progress<'a> {
 impl Drop for Progress<'_> {
     fn drop(&mut self) {
         self.waiter.leave(self.conn.shared.qp.shared());
+    }
+}
+
+/// Bytes sent from a registration-cache lease: the lease lives as long as the bytes.
+struct Leased {
+    bytes: Bytes,
+    _lease: MrLease,
+}
+
+impl AsRef<[u8]> for Leased {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
     }
 }

@@ -208,10 +208,13 @@ impl SharedRecv {
         let srq = SharedReceiveQueue::new(&pd, opts.buffers, 1)?;
         let pool = Pool::with_pd(
             &pd,
-            PoolConfig::default().classes([SizeClass::new(
-                opts.buffer_size as usize,
-                opts.buffers as usize,
-            )]),
+            PoolConfig::default()
+                .classes([SizeClass::new(
+                    opts.buffer_size as usize,
+                    opts.buffers as usize,
+                )])
+                // Local access only: nothing in the shared domain is ever opened to a peer.
+                .memory_windows(false),
         )?;
         // Every receive on the queue may complete on the endpoint's completion queue.
         driver.reserve_cq(u64::from(opts.buffers))?;
