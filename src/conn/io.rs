@@ -699,6 +699,25 @@ fn cause_of(cqe: &Cqe, qp_failure: Option<&QpFailure>) -> QpFailure {
     }
 }
 
+impl ConnIo {
+    /// A receive completed into `buf`: hand it to the state machine.
+    fn received(
+        s: &mut ConnState,
+        buf: PoolBuf,
+        cqe: &Cqe,
+        qp_failure: Option<&QpFailure>,
+        now: Instant,
+    ) {
+        let res = if cqe.status == WcStatus::Success {
+            s.proto.heard(now);
+            Ok((cqe.byte_len, cqe.imm))
+        } else {
+            Err(cause_of(cqe, qp_failure))
+        };
+        s.proto.handle_recv(res, buf);
+    }
+}
+
 impl Sink for ConnIo {
     fn on_completion(
         &self,
@@ -717,15 +736,7 @@ impl Sink for ConnIo {
             match (buf, s.srq.as_mut()) {
                 (Some(buf), Some(share)) => {
                     share.consumed();
-                    if ok {
-                        s.proto.heard(now);
-                    }
-                    let res = if ok {
-                        Ok((cqe.byte_len, cqe.imm))
-                    } else {
-                        Err(cause_of(cqe, qp_failure))
-                    };
-                    s.proto.handle_recv(res, buf);
+                    Self::received(&mut s, buf, cqe, qp_failure, now);
                     let held = s.proto.held().1;
                     if let Some(share) = s.srq.as_mut() {
                         share.set_held(held);
@@ -749,15 +760,7 @@ impl Sink for ConnIo {
             debug_assert_eq!(seq, local, "receive completions come in posting order");
             // The drain marker's flush carries nothing for the state machine.
             if let Some(buf) = entry {
-                if ok {
-                    s.proto.heard(now);
-                }
-                let res = if ok {
-                    Ok((cqe.byte_len, cqe.imm))
-                } else {
-                    Err(cause_of(cqe, qp_failure))
-                };
-                s.proto.handle_recv(res, buf);
+                Self::received(&mut s, buf, cqe, qp_failure, now);
             }
         } else {
             let seq = local & !SEND_BIT;

@@ -279,27 +279,16 @@ impl Driver {
             u64::from(opts.caps.max_recv_wr)
         };
         let need = u64::from(opts.caps.max_send_wr) + recv;
-        {
-            let mut budget = self
-                .inner
-                .shared
-                .cq_budget
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let cap = u64::from(self.inner.shared.cq.capacity());
-            if *budget + need > cap {
-                return Err(Error::InvalidArgument(format!(
-                    "completion queue of {cap} entries cannot take another queue pair of depth {need} \
-                     ({} already used; every queue pair reserves its send and receive depths): \
-                     raise EndpointOptions::cq_size (or DriverOptions::cq_size) up to the \
-                     device's max_cqe {}, use shallower queues (ConnectOptions::recv_credits, \
-                     send_queue_depth), or open another Endpoint on the device",
-                    *budget,
-                    self.context().device_attr().max_cqe
-                )));
-            }
-            *budget += need;
-        }
+        self.try_reserve(need).map_err(|(used, cap)| {
+            Error::InvalidArgument(format!(
+                "completion queue of {cap} entries cannot take another queue pair of depth {need} \
+                 ({used} already used; every queue pair reserves its send and receive depths): \
+                 raise EndpointOptions::cq_size (or DriverOptions::cq_size) up to the \
+                 device's max_cqe {}, use shallower queues (ConnectOptions::recv_credits, \
+                 send_queue_depth), or open another Endpoint on the device",
+                self.context().device_attr().max_cqe
+            ))
+        })?;
         match AsyncQp::create(self.clone(), pd, opts, srq, need) {
             Ok(qp) => Ok(qp),
             Err(e) => {
@@ -312,20 +301,21 @@ impl Driver {
     /// Reserves `n` completion-queue entries (a shared receive queue's depth), or explains
     /// why the completion queue cannot take them.
     pub(crate) fn reserve_cq(&self, n: u64) -> Result<()> {
-        let mut budget = self
-            .inner
-            .shared
-            .cq_budget
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        self.try_reserve(n).map_err(|(used, cap)| {
+            Error::InvalidArgument(format!(
+                "completion queue of {cap} entries cannot take {n} more ({used} already used): \
+                 raise EndpointOptions::cq_size up to the device's max_cqe {}",
+                self.context().device_attr().max_cqe
+            ))
+        })
+    }
+
+    /// Reserves `n` completion-queue entries, or returns (entries used, capacity).
+    fn try_reserve(&self, n: u64) -> std::result::Result<(), (u64, u64)> {
+        let mut budget = self.cq_budget();
         let cap = u64::from(self.inner.shared.cq.capacity());
         if *budget + n > cap {
-            return Err(Error::InvalidArgument(format!(
-                "completion queue of {cap} entries cannot take {n} more ({} already used): \
-                 raise EndpointOptions::cq_size up to the device's max_cqe {}",
-                *budget,
-                self.context().device_attr().max_cqe
-            )));
+            return Err((*budget, cap));
         }
         *budget += n;
         Ok(())
@@ -339,13 +329,17 @@ impl Driver {
     }
 
     pub(crate) fn release_budget(&self, need: u64) {
-        let mut budget = self
-            .inner
+        let mut budget = self.cq_budget();
+        *budget = budget.saturating_sub(need);
+    }
+
+    /// The completion-queue entries reserved so far (locked).
+    fn cq_budget(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.inner
             .shared
             .cq_budget
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        *budget = budget.saturating_sub(need);
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {

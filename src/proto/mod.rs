@@ -52,7 +52,7 @@ mod msg;
 mod qp;
 mod table;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod wr;
 
 pub use conn::Credits;

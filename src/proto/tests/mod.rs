@@ -184,5 +184,5 @@ pub(super) fn policy(ring_before: usize, depth: usize, k: usize, n: usize) -> Ve
 mod basic;
 mod failures;
 mod storm;
-mod storm_model;
+pub(crate) mod storm_model;
 mod storm_runs;

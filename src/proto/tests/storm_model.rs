@@ -18,14 +18,14 @@ use super::*;
 
 /// xorshift64*: small, deterministic, no dependency.
 #[derive(Debug)]
-pub(super) struct Rng(pub(super) u64);
+pub(crate) struct Rng(pub(super) u64);
 
 impl Rng {
-    pub(super) fn new(seed: u64) -> Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
         Rng(seed.max(1))
     }
 
-    pub(super) fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -35,7 +35,7 @@ impl Rng {
     }
 
     /// Uniform in `0..n` (n > 0).
-    pub(super) fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 

@@ -5,21 +5,7 @@
 //! at the end: everything is given back.
 use super::*;
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use crate::proto::tests::storm_model::Rng;
 
 const FLOOR: u32 = 5;
 
@@ -50,7 +36,7 @@ impl Model {
         let budget = Budget::new(buffers);
         budget.posted(buffers);
         Model {
-            rng: Rng(seed | 1),
+            rng: Rng::new(seed),
             buffers,
             budget,
             posted: buffers,
@@ -114,7 +100,7 @@ impl Model {
                 }
             }
             1 if !self.conns.is_empty() && self.rng.below(4) == 0 => {
-                let i = self.rng.below(self.conns.len() as u64) as usize;
+                let i = self.rng.below(self.conns.len());
                 let mut c = self.conns.swap_remove(i);
                 c.claim.release(&self.budget);
                 self.orphan_held += c.held;
@@ -125,7 +111,7 @@ impl Model {
                 if self.conns.is_empty() {
                     return;
                 }
-                let i = self.rng.below(self.conns.len() as u64) as usize;
+                let i = self.rng.below(self.conns.len());
                 if self.conns[i].claim.granted == 0 {
                     return;
                 }
@@ -151,7 +137,7 @@ impl Model {
                 if self.conns.is_empty() {
                     return;
                 }
-                let i = self.rng.below(self.conns.len() as u64) as usize;
+                let i = self.rng.below(self.conns.len());
                 let c = &mut self.conns[i];
                 if c.held > 0 {
                     c.held -= 1;
@@ -165,7 +151,7 @@ impl Model {
                 if self.conns.is_empty() {
                     return;
                 }
-                let i = self.rng.below(self.conns.len() as u64) as usize;
+                let i = self.rng.below(self.conns.len());
                 let c = &mut self.conns[i];
                 let want = Self::want(c);
                 c.claim.post(&self.budget, want);
