@@ -218,6 +218,7 @@ impl ConnIo {
     /// `me`: the `Arc` the connection is made in (`Arc::new_cyclic`).
     pub(crate) fn new(cfg: IoConfig, proto: Proto, me: Weak<ConnIo>) -> ConnIo {
         let sq_budget = cfg.sq_budget.max(2);
+        let shared_recv = cfg.srq.as_ref().map(|s| s.shared().clone());
         ConnIo {
             state: Mutex::new(ConnState {
                 proto,
@@ -226,7 +227,7 @@ impl ConnIo {
                 fetch: None,
                 rdv_held: Vec::new(),
                 next_owner: 0,
-                srq: None,
+                srq: cfg.srq,
                 recvs: VecDeque::new(),
                 next_recv: 0,
                 sends: VecDeque::new(),
@@ -256,15 +257,9 @@ impl ConnIo {
             has_retired: std::sync::atomic::AtomicBool::new(false),
             max_read: cfg.max_read.max(1),
             rdv_threshold: cfg.rdv_threshold,
-            shared_recv: cfg.srq.as_ref().map(|s| s.shared().clone()),
+            shared_recv,
             me,
         }
-        .with_share(cfg.srq)
-    }
-
-    fn with_share(self, share: Option<SrqShare>) -> ConnIo {
-        self.lock().srq = share;
-        self
     }
 
     pub(crate) fn retire(&self, r: Retired) {

@@ -74,7 +74,6 @@ impl Connection {
     /// As [`send`](Self::send); with a registration cache, its registration errors on a miss
     /// ([`Error::MemlockExhausted`], ...).
     ///
-    ///
     /// A message of at least
     /// [`ConnectOptions::rendezvous_threshold`](super::ConnectOptions::rendezvous_threshold)
     /// bytes (default 256 KiB) goes by rendezvous when the peer takes part, from any memory:
@@ -104,14 +103,15 @@ impl Connection {
             let desc = src.descriptor();
             return self.send_from(Source::Copy(&desc), Some(src)).await;
         }
-        let lkey = (msg.len() > self.shared.io.max_inline())
-            .then(|| self.shared.io.lkey_of(&msg, self.user_pool.get()))
-            .flatten();
-        if let Some(lkey) = lkey {
+        // Inline payloads are copied by the device at post time whatever their memory.
+        if msg.len() <= self.shared.io.max_inline() {
+            return self.send_from(Source::Copy(&msg), None).await;
+        }
+        if let Some(lkey) = self.shared.io.lkey_of(&msg, self.user_pool.get()) {
             return self.send_from(Source::Registered(&msg, lkey), None).await;
         }
         match self.reg_cache.get() {
-            Some(cache) if msg.len() > self.shared.io.max_inline() => {
+            Some(cache) => {
                 let lease = cache.lookup_or_register(msg.as_ptr(), msg.len())?;
                 let lkey = lease.lkey();
                 // The send ring keeps these bytes until the device read them: with them, the

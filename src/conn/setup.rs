@@ -49,6 +49,15 @@ pub(crate) enum EndpointChoice {
 }
 
 impl EndpointChoice {
+    /// The shared receive queue of a given endpoint, if it has one (the implicit endpoints
+    /// never do).
+    pub(crate) fn shared_recv(&self) -> Option<Arc<SharedRecv>> {
+        match self {
+            EndpointChoice::Given(ep) => ep.shared_recv().cloned(),
+            _ => None,
+        }
+    }
+
     /// The endpoint for a connection on `id`'s device.
     pub(crate) fn endpoint_for(&self, id: &CmId, opts: &ConnectOptions) -> Result<Endpoint> {
         let ctx = Context::from_cm_id(id)?;
@@ -185,7 +194,7 @@ pub(crate) fn on_shared_recv(opts: &ConnectOptions, srq: &SharedRecv) -> Result<
     o.rendezvous_threshold = None;
     o.params.recv_buf_size = size;
     o.params.max_message_size = o.params.max_message_size.max(u64::from(size));
-    let floor = o.params.recv_credits.min(handshake::MIN_CREDITS);
+    let floor = SrqShare::floor_credits(o.params.recv_credits);
     o.params.initial_credits = (floor < o.params.recv_credits).then_some(floor);
     Ok(o)
 }
@@ -239,10 +248,7 @@ pub(crate) async fn connect(
     opts: ConnectOptions,
     span: tracing::Span,
 ) -> Result<Connection> {
-    let srq = match &choice {
-        EndpointChoice::Given(ep) => ep.shared_recv().cloned(),
-        _ => None,
-    };
+    let srq = choice.shared_recv();
     let opts = match &srq {
         Some(q) => on_shared_recv(&opts, q)?,
         None => opts,
@@ -283,10 +289,7 @@ pub(crate) async fn accept(
     span: tracing::Span,
 ) -> Result<Connection> {
     let id = request.id();
-    let srq = match choice {
-        EndpointChoice::Given(ep) => ep.shared_recv().cloned(),
-        _ => None,
-    };
+    let srq = choice.shared_recv();
     let adapted;
     let opts = match &srq {
         Some(q) => {

@@ -255,20 +255,14 @@ pub(crate) fn create_qp(
     if let Some(t) = opts.ack_timeout {
         id.set_ack_timeout(t)?;
     }
-    let (pd, qp) = match endpoint.shared_recv().filter(|_| opts.shared_recv) {
-        Some(srq) => {
-            let pd = srq.pd().clone();
-            let qp = endpoint
-                .driver()
-                .create_qp_on(&pd, opts.qp, Some(srq.srq()))?;
-            (pd, qp)
-        }
-        None => {
-            let pd = ProtectionDomain::new(endpoint.context())?;
-            let qp = endpoint.driver().create_qp(&pd, opts.qp)?;
-            (pd, qp)
-        }
+    let srq = endpoint.shared_recv().filter(|_| opts.shared_recv);
+    let pd = match srq {
+        Some(q) => q.pd().clone(),
+        None => ProtectionDomain::new(endpoint.context())?,
     };
+    let qp = endpoint
+        .driver()
+        .create_qp_on(&pd, opts.qp, srq.map(|q| q.srq()))?;
     id.modify_qp_with_access(qp.verbs(), QpState::Init, opts.access)?;
     Ok((qp, pd))
 }

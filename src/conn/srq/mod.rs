@@ -423,9 +423,15 @@ pub(crate) struct SrqShare {
 }
 
 impl SrqShare {
-    /// The floor of a connection with `recv_credits` data credits.
+    /// The data credits in the floor of a connection with `recv_credits`: its initial credits.
+    pub(crate) fn floor_credits(recv_credits: u32) -> u32 {
+        recv_credits.min(crate::conn::handshake::MIN_CREDITS)
+    }
+
+    /// The floor of a connection with `recv_credits` data credits: its initial credits and
+    /// its control receives.
     pub(crate) fn floor_for(recv_credits: u32) -> u32 {
-        recv_credits.min(crate::conn::handshake::MIN_CREDITS) + CONTROL_RECVS
+        Self::floor_credits(recv_credits) + CONTROL_RECVS
     }
 
     pub(crate) fn shared(&self) -> &Arc<SharedRecv> {
