@@ -87,7 +87,7 @@ fn bench_core(c: &mut Criterion) {
 
     // One operation through its whole life, as a latency-bound ping-pong does it.
     let mut core: Core<Payload> = Core::new();
-    let qp = core.add_qp(QpConfig::new(256, 256, 16));
+    let qp = core.add_qp(QpConfig::new(256, 256, 16)).unwrap();
     let mut posts = Vec::new();
     let mut done = Completed::default();
     let sges = [sge()];
@@ -149,7 +149,7 @@ fn bench_waker(c: &mut Criterion) {
     let waker = Waker::from(counter.clone());
     let mut cx = Context::from_waker(&waker);
     let mut core: Core<u64> = Core::new();
-    let qp = core.add_qp(QpConfig::new(256, 256, 1));
+    let qp = core.add_qp(QpConfig::new(256, 256, 1)).unwrap();
     let mut posts = Vec::new();
     let mut done = Completed::default();
     g.throughput(Throughput::Elements(1));
@@ -251,7 +251,7 @@ fn bench_wr(c: &mut Criterion) {
     });
     // What the driver builds from the core's post items for every post (one Vec per post).
     let mut core: Core<u64> = Core::new();
-    let qp = core.add_qp(QpConfig::new(256, 256, 16));
+    let qp = core.add_qp(QpConfig::new(256, 256, 16)).unwrap();
     let mut posts = Vec::new();
     for i in 0..32 {
         core.submit(qp, WorkRequest::send(write_op(), &one), i)

@@ -174,7 +174,7 @@ async fn start_send(
     pd: &ProtectionDomain,
     data: &[u8],
 ) -> Res<Option<SendFut>> {
-    let tx = RegisteredBuffer::new(pd, data.len(), AccessFlags::LOCAL_WRITE)?;
+    let mut tx = RegisteredBuffer::new(pd, data.len(), AccessFlags::LOCAL_WRITE)?;
     tx.write_at(0, data);
     let mut send = Box::pin(conn.qp().send(tx));
     if let std::task::Poll::Ready((res, _)) = futures::poll!(&mut send) {

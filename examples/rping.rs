@@ -139,7 +139,7 @@ fn endpoint(args: &Args) -> Res<Endpoint> {
     })
 }
 
-fn encode_info(buf: &RegisteredBuffer, addr: u64, rkey: u32, len: u32) {
+fn encode_info(buf: &mut RegisteredBuffer, addr: u64, rkey: u32, len: u32) {
     let mut m = [0u8; INFO_LEN];
     m[..8].copy_from_slice(&addr.to_be_bytes());
     m[8..12].copy_from_slice(&rkey.to_be_bytes());
@@ -244,8 +244,8 @@ async fn client(args: &Args, done: &mut u32) -> Res<()> {
     let pd = connector.pd().clone();
     // The server RDMA READs the source buffer and RDMA WRITEs the sink.
     let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-    let start = RegisteredBuffer::new(&pd, size, remote)?;
-    let sink = RegisteredBuffer::new(&pd, size, remote)?;
+    let mut start = RegisteredBuffer::new(&pd, size, remote)?;
+    let mut sink = RegisteredBuffer::new(&pd, size, remote)?;
     let mut tx = RegisteredBuffer::new(&pd, INFO_LEN, AccessFlags::LOCAL_WRITE)?;
     let rx = RegisteredBuffer::new(&pd, INFO_LEN, AccessFlags::LOCAL_WRITE)?;
     let mut recv = post_recv(connector.qp(), rx);
@@ -262,14 +262,14 @@ async fn client(args: &Args, done: &mut u32) -> Res<()> {
         fill_ping(&mut want, ping);
         start.write_at(0, &want);
         sink.write_at(0, &vec![0u8; size]);
-        encode_info(&tx, start.addr(), start.rkey(), size as u32);
+        encode_info(&mut tx, start.addr(), start.rkey(), size as u32);
         tx = send_msg(qp, tx, "the source buffer's address").await?;
         let Got::Message(buf) = wait_message(&conn, recv, "the server's go-ahead").await? else {
             return Err("the server disconnected mid-ping".into());
         };
         recv = post_recv(qp, buf);
         // The server writes the data back into our sink buffer.
-        encode_info(&tx, sink.addr(), sink.rkey(), size as u32);
+        encode_info(&mut tx, sink.addr(), sink.rkey(), size as u32);
         tx = send_msg(qp, tx, "the sink buffer's address").await?;
         let Got::Message(buf) = wait_message(&conn, recv, "the server's write-done").await? else {
             return Err("the server disconnected mid-ping".into());

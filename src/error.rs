@@ -290,6 +290,16 @@ pub enum Error {
     /// What to do: fix the argument the message names.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The verbs object is owned by a [`Driver`](crate::driver::Driver): polling its completion
+    /// queue, reading its events, or posting on its queue pair from outside the driver would
+    /// take completions the driver's operations are waiting for (or hand it completions it
+    /// never issued).
+    ///
+    /// What to do: use the driver's operations ([`AsyncQp`](crate::driver::AsyncQp)'s futures,
+    /// [`Grant::region`](crate::buf::Grant::region) instead of a window bound by hand), or
+    /// create the queue pair and CQ with the verbs layer alone.
+    #[error("the {0} is driven by a Driver; use the driver's operations instead")]
+    DriverOwned(&'static str),
     /// A loopback address (127.0.0.0/8, `::1`) was given to RDMA CM. No RDMA device owns a
     /// loopback address: binding one appears to work, and the connection then fails when the
     /// route is resolved. Refused before any RDMA CM call.

@@ -116,7 +116,7 @@ async fn write_read_and_write_with_imm() {
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
 async fn atomics_return_previous_values() {
     let p = async_pair();
-    let target = RegisteredBuffer::new(&p.pd, 64, all_access()).unwrap();
+    let mut target = RegisteredBuffer::new(&p.pd, 64, all_access()).unwrap();
     target.write_at(8, &100u64.to_ne_bytes());
     let remote = token(&target).slice(8..16).unwrap();
     let buf = RegisteredBuffer::new(&p.pd, 8, AccessFlags::LOCAL_WRITE).unwrap();

@@ -101,7 +101,7 @@ fn one_gib_buffer_in_4k_slices_registers_once() {
     let last = GIB - SLICE;
     let lease = c.lookup_or_register(big[last..].as_ptr(), SLICE).unwrap();
     assert!(lease.is_writable());
-    let src = RegisteredBuffer::new(&p.pd, SLICE, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut src = RegisteredBuffer::new(&p.pd, SLICE, AccessFlags::LOCAL_WRITE).unwrap();
     src.write_at(0, &pattern(SLICE, 77));
     let rsge = [Sge::new(
         big[last..].as_ptr() as u64,

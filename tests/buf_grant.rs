@@ -144,7 +144,7 @@ fn type2_window_bind_bounds_and_revoke_at_the_verbs_level() {
         );
         return;
     }
-    let outer = RegisteredBuffer::new(&p.pd, 3 * PAGE, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut outer = RegisteredBuffer::new(&p.pd, 3 * PAGE, AccessFlags::LOCAL_WRITE).unwrap();
     outer.write_at(0, &[CANARY; 3 * PAGE]);
     // SAFETY: `outer` outlives `mr` (dropped at the end of the test, after `mr`).
     let mr = unsafe {

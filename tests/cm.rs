@@ -106,7 +106,7 @@ fn post_recv(end: &End, buf: &RegisteredBuffer, wr_id: u64) {
 }
 
 fn send(end: &End, data: &[u8], wr_id: u64) {
-    let buf = RegisteredBuffer::new(&end.pd, data.len(), AccessFlags::LOCAL_WRITE).unwrap();
+    let mut buf = RegisteredBuffer::new(&end.pd, data.len(), AccessFlags::LOCAL_WRITE).unwrap();
     buf.write_at(0, data);
     let sge = [buf.sge(0..data.len())];
     // SAFETY: `buf` lives until the send completion is polled below.
@@ -256,7 +256,7 @@ fn connect_handshake_send_recv_disconnect() {
     )
     .unwrap();
     let data = pattern(4096, 3);
-    let src = RegisteredBuffer::new(&server.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut src = RegisteredBuffer::new(&server.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
     src.write_at(0, &data);
     let sge = [src.sge(0..4096)];
     let write = SendOp::Write {

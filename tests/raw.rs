@@ -37,7 +37,7 @@ fn opts() -> RawOptions {
 }
 
 fn buffer(pd: &tokio_rdma::verbs::ProtectionDomain, data: &[u8]) -> RegisteredBuffer {
-    let b = RegisteredBuffer::new(pd, data.len(), AccessFlags::LOCAL_WRITE).expect("register");
+    let mut b = RegisteredBuffer::new(pd, data.len(), AccessFlags::LOCAL_WRITE).expect("register");
     b.write_at(0, data);
     b
 }

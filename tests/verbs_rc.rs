@@ -194,7 +194,7 @@ fn atomics_return_previous_value() {
     if !p.ctx.device_attr().supports_atomics() {
         panic!("{} reports no atomic support", p.ctx.name());
     }
-    let target = RegisteredBuffer::new(&p.pd, 8, access).unwrap();
+    let mut target = RegisteredBuffer::new(&p.pd, 8, access).unwrap();
     target.write_at(0, &40u64.to_ne_bytes());
     let old = RegisteredBuffer::new(&p.pd, 8, AccessFlags::LOCAL_WRITE).unwrap();
     let sge = [old.sge(0..8)];
@@ -227,7 +227,7 @@ fn atomics_return_previous_value() {
 fn out_of_bounds_write_is_a_remote_access_error() {
     let p = connected_pair(REMOTE_RW);
     // Canaries around the target: a 3-page buffer, only the middle page is registered remotely.
-    let outer = RegisteredBuffer::new(&p.pd, 3 * 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut outer = RegisteredBuffer::new(&p.pd, 3 * 4096, AccessFlags::LOCAL_WRITE).unwrap();
     outer.write_at(0, &[0xa5; 3 * 4096]);
     // SAFETY: `outer` outlives `grant` (dropped first at the end of the test).
     let grant = unsafe {

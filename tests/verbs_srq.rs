@@ -80,7 +80,7 @@ fn two_queue_pairs_share_receives_and_the_limit_event_fires() {
     ctx.set_async_nonblocking().expect("nonblocking");
 
     // Three messages from each sender: 6 receives consumed, 2 left (< 4).
-    let sbuf = RegisteredBuffer::new(&pd, 6 * SLOT, AccessFlags::LOCAL_WRITE).expect("mr");
+    let mut sbuf = RegisteredBuffer::new(&pd, 6 * SLOT, AccessFlags::LOCAL_WRITE).expect("mr");
     let mut expect: BTreeMap<u32, Vec<Vec<u8>>> = BTreeMap::new();
     for k in 0..6 {
         let who = k % 2;

@@ -162,7 +162,7 @@ async fn server(args: &Args, port: u16) -> Res<()> {
 async fn serve_one(ctrl: &mut Ctrl, args: &Args) -> Res<()> {
     let line = ctrl.expect("hello").await?;
     let cfg = TestConfig::decode(&line)?;
-    let side = if cfg.test.is_msg() {
+    let mut side = if cfg.test.is_msg() {
         msg::establish(ctrl, &cfg, args.device.as_deref(), None).await?
     } else {
         setup::establish(ctrl, &cfg, args.device.as_deref(), false).await?
@@ -177,7 +177,7 @@ async fn serve_one(ctrl: &mut Ctrl, args: &Args) -> Res<()> {
             .strip_prefix("run ")
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| format!("unexpected `{l}`"))?;
-        run::server_case(ctrl, &side, &cfg, size).await?;
+        run::server_case(ctrl, &mut side, &cfg, size).await?;
     }
 }
 
@@ -198,7 +198,7 @@ async fn connect(host: &str, port: u16) -> Res<TcpStream> {
 async fn client(args: &Args, host: &str, port: u16, cfg: &TestConfig) -> Res<()> {
     let mut ctrl = Ctrl::new(connect(host, port).await?);
     ctrl.send(&format!("hello {}", cfg.encode())).await?;
-    let side = if cfg.test.is_msg() {
+    let mut side = if cfg.test.is_msg() {
         msg::establish(&mut ctrl, cfg, args.device.as_deref(), Some(host)).await?
     } else {
         setup::establish(&mut ctrl, cfg, args.device.as_deref(), true).await?
@@ -209,7 +209,7 @@ async fn client(args: &Args, host: &str, port: u16, cfg: &TestConfig) -> Res<()>
     }
     let mut results: Vec<CaseResult> = Vec::new();
     for &size in &cfg.sizes {
-        let r = run::client_case(&mut ctrl, &side, cfg, size).await?;
+        let r = run::client_case(&mut ctrl, &mut side, cfg, size).await?;
         if args.json {
             println!("{}", report::json_line(cfg, &side.device, &r));
         } else {

@@ -52,7 +52,7 @@ async fn wait_byte(buf: &RegisteredBuffer, off: usize, want: u8) {
     }
 }
 
-fn reset_byte(buf: &RegisteredBuffer, off: usize) {
+fn reset_byte(buf: &mut RegisteredBuffer, off: usize) {
     buf.write_at(off, &[0]);
 }
 
@@ -69,13 +69,14 @@ fn us(d: Duration) -> f64 {
 /// Client side of one size.
 pub async fn client_case(
     ctrl: &mut Ctrl,
-    side: &Side,
+    side: &mut Side,
     cfg: &TestConfig,
     size: usize,
 ) -> Res<CaseResult> {
     if cfg.test == Test::WriteLat {
-        reset_byte(&side.exposed[0], size - 1);
+        reset_byte(&mut side.exposed[0], size - 1);
     }
+    let side = &*side;
     ctrl.send(&format!("run {size}")).await?;
     ctrl.expect("ready").await?;
     let mut samples = Vec::with_capacity(cfg.iters * cfg.qps);
@@ -289,7 +290,12 @@ async fn recv_one(q: usize, qp: &AsyncQp, c: Chunk) -> RecvOut {
 
 /// Server side of one size (after `run SIZE`): prepares, says `ready`, plays its part, waits
 /// for `done`, and answers with its CPU time and driver counters.
-pub async fn server_case(ctrl: &mut Ctrl, side: &Side, cfg: &TestConfig, size: usize) -> Res<()> {
+pub async fn server_case(ctrl: &mut Ctrl, side: &mut Side, cfg: &TestConfig, size: usize) -> Res<()> {
+    if cfg.test == Test::WriteLat && !side.exposed.is_empty() {
+        // The byte the peer's writes land on starts at 0 (a marker is never 0).
+        reset_byte(&mut side.exposed[0], size - 1);
+    }
+    let side = &*side;
     let total = cfg.warmup + cfg.iters;
     let cpu0 = cpu_time();
     let stats0 = driver_stats(side);
@@ -313,7 +319,6 @@ pub async fn server_case(ctrl: &mut Ctrl, side: &Side, cfg: &TestConfig, size: u
     let qp = &side.qps[0];
     match cfg.test {
         Test::WriteLat => {
-            reset_byte(&side.exposed[0], size - 1);
             let mut src = local_buf(side, size)?;
             let remote = side.remote[0].slice(0..size as u64)?;
             ctrl.send("ready").await?;

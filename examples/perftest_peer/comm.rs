@@ -172,7 +172,7 @@ impl Comm {
     }
 
     async fn send(&mut self, data: &[u8], what: &str) -> Res<()> {
-        let tx = self.tx.take().expect("send buffer");
+        let mut tx = self.tx.take().expect("send buffer");
         tx.write_at(0, data);
         let (res, tx) = within(
             self.step,

@@ -46,7 +46,7 @@ pub(crate) fn target(
 }
 
 /// Prepares the WRITE target: `size + WRITE_GUARD` bytes of the sentinel.
-pub(crate) fn fill_write_target(t: &RegisteredBuffer) {
+pub(crate) fn fill_write_target(t: &mut RegisteredBuffer) {
     t.write_at(0, &vec![SENTINEL; t.len()]);
 }
 
@@ -63,7 +63,7 @@ pub(crate) async fn send_lat(
     step: Duration,
 ) -> Res<Histogram<u64>> {
     let mut h = histogram();
-    let tx = RegisteredBuffer::new(conn.pd(), size, AccessFlags::LOCAL_WRITE)?;
+    let mut tx = RegisteredBuffer::new(conn.pd(), size, AccessFlags::LOCAL_WRITE)?;
     tx.write_at(0, &vec![0x5a; size]);
     let mut tx = Some(tx);
     let mut first: Option<Vec<u8>> = None;
@@ -164,7 +164,7 @@ pub(crate) async fn write_lat(
     step: Duration,
 ) -> Res<Histogram<u64>> {
     let mut h = histogram();
-    let src = RegisteredBuffer::new(conn.pd(), size, AccessFlags::LOCAL_WRITE)?;
+    let mut src = RegisteredBuffer::new(conn.pd(), size, AccessFlags::LOCAL_WRITE)?;
     src.write_at(0, &vec![0u8; size]);
     let mut src = Some(src);
     let qp = conn.qp();
@@ -178,7 +178,7 @@ pub(crate) async fn write_lat(
                 record(&mut h, t0.elapsed());
             }
         }
-        let buf = src.take().expect("source buffer");
+        let mut buf = src.take().expect("source buffer");
         buf.write_at(size - 1, &[k as u8]);
         posted_at = Some(Instant::now());
         let (res, buf) = within(step, "an RDMA WRITE", qp.write(buf, peer)).await?;

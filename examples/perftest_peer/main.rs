@@ -365,17 +365,17 @@ fn local(ep: &Endpoint, conn: &RawConnection, test: Test, size: usize, lid: u16)
     let target = match test {
         Test::SendLat => None,
         Test::WriteLat => {
-            let t = lat::target(conn, size + lat::WRITE_GUARD, AccessFlags::REMOTE_WRITE)?;
-            lat::fill_write_target(&t);
+            let mut t = lat::target(conn, size + lat::WRITE_GUARD, AccessFlags::REMOTE_WRITE)?;
+            lat::fill_write_target(&mut t);
             Some(t)
         }
         Test::ReadLat => {
-            let t = lat::target(conn, size, AccessFlags::REMOTE_READ)?;
+            let mut t = lat::target(conn, size, AccessFlags::REMOTE_READ)?;
             t.write_at(0, &read_pattern(size));
             Some(t)
         }
         Test::AtomicLat => {
-            let t = lat::target(conn, 8, AccessFlags::REMOTE_ATOMIC)?;
+            let mut t = lat::target(conn, 8, AccessFlags::REMOTE_ATOMIC)?;
             t.write_at(0, &lat::ATOMIC_START.to_ne_bytes());
             Some(t)
         }

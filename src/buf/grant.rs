@@ -284,7 +284,8 @@ impl<B: GrantBuf> Grant<B> {
     ) -> Result<Grant<B>> {
         let ctx = qp.pd().context();
         let windows = ctx.device_attr().supports_mw_type2() && MemoryWindow::bounds_enforced(ctx);
-        if windows && buf.window_region().is_some() {
+        // A driven queue pair's work requests belong to its driver: no bind posted by hand.
+        if windows && !qp.is_driven() && buf.window_region().is_some() {
             Grant::window(qp, buf, range, access, wr_id, wait)
         } else {
             Grant::region(qp.pd(), buf, range, access)
@@ -315,6 +316,11 @@ impl<B: GrantBuf> Grant<B> {
         wait: impl FnOnce(u64) -> Result<WorkCompletion>,
     ) -> Result<Grant<B>> {
         let ctx = qp.pd().context();
+        if qp.is_driven() {
+            // The bind's completion would reach the driver's table under `wr_id`, resolving
+            // (or corrupting) whichever operation holds that id.
+            return Err(Error::DriverOwned("queue pair"));
+        }
         if !ctx.device_attr().supports_mw_type2() {
             return Err(Error::Unsupported(format!(
                 "{} has no type-2 memory windows",
@@ -336,9 +342,12 @@ impl<B: GrantBuf> Grant<B> {
         };
         let mw = MemoryWindow::alloc_type2(qp.pd())?;
         let addr = ptr as u64 + range.start as u64;
-        // `mw`, `mr` (owned by `buf`) and `qp` stay alive until `wait` returns the bind's
-        // completion (else both are leaked below); the window is deallocated before the buffer
-        // SAFETY: is released, and the bytes are never exposed as references while it lives.
+        // SAFETY: `qp` is not driven (checked above), so the bind's completion comes back
+        // through `wait`. `mw` and `mr` (owned by `buf`) stay alive until `wait` returns that
+        // completion, and both are leaked if it never comes. Once bound, the window is
+        // deallocated (Drop of `Grant`) before the buffer is released, and the granted bytes
+        // are only reached locally through raw volatile accesses (`read_at`/`write_at`), never
+        // as references, while the window lives.
         let rkey =
             unsafe { mw.post_bind(qp, wr_id, mr, addr, range.len() as u64, access.to_flags())? };
         let wc = match wait(wr_id) {
@@ -350,6 +359,21 @@ impl<B: GrantBuf> Grant<B> {
                 return Err(e);
             }
         };
+        if wc.wr_id() != wr_id {
+            // Not the bind's completion: its outcome is unknown, so the window may still be
+            // bound later. Leak rather than release memory a peer might reach.
+            tracing::warn!(
+                expected = wr_id,
+                got = wc.wr_id(),
+                "memory window bind: `wait` returned another request's completion; leaking the window and its buffer"
+            );
+            std::mem::forget(mw);
+            let _ = ManuallyDrop::new(buf);
+            return Err(Error::InvalidArgument(format!(
+                "`wait` returned the completion of request {} instead of the bind's ({wr_id})",
+                wc.wr_id()
+            )));
+        }
         wc.result()?;
         tracing::debug!(
             len = range.len(),

@@ -85,8 +85,17 @@ unsafe impl<T: IoBufMut> IoBufMut for Slice<T> {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.buf.stable_mut_ptr().wrapping_add(self.begin)
     }
+    /// Records that the slice's first `pos` bytes are initialised. The inner buffer only
+    /// tracks an initialised prefix, so this extends it only when the slice starts inside that
+    /// prefix (or right at its end): otherwise the bytes between the prefix and the slice were
+    /// never written, and the inner buffer's initialised length stays as it was.
     unsafe fn set_init(&mut self, pos: usize) {
-        // SAFETY: forwarded with the offset; the caller's guarantee covers the sub-range.
+        if self.buf.bytes_init() < self.begin {
+            return;
+        }
+        // SAFETY: bytes `..begin` of the inner buffer are initialised (its prefix reaches
+        // `begin`, checked above) and the caller guarantees `begin..begin + pos`, which lies
+        // within the inner buffer since `pos <= bytes_total() = end - begin`.
         unsafe { self.buf.set_init(self.begin + pos) };
     }
 }
@@ -104,6 +113,35 @@ mod tests {
         assert_eq!(s.bytes_init(), 4, "only 4 of the 8 bytes are initialised");
         let s = s.into_inner().slice(..);
         assert_eq!((s.begin(), s.end()), (0, 8));
+    }
+
+    #[test]
+    fn set_init_past_the_initialised_prefix_leaves_the_gap_uninitialised() {
+        // A receive into 2048..4096 of an empty Vec writes bytes 2048.. only: bytes ..2048 were
+        // never written, so the Vec must not claim them.
+        let v: Vec<u8> = Vec::with_capacity(4096);
+        let mut s = v.slice(2048..4096);
+        // SAFETY: stands for a device write of 100 bytes at the slice start (within capacity).
+        unsafe {
+            std::ptr::write_bytes(s.stable_mut_ptr(), 7, 100);
+            s.set_init(100);
+        }
+        let v = s.into_inner();
+        assert_eq!(v.len(), 0, "no byte of the gap may count as initialised");
+
+        // Starting inside the initialised prefix extends it.
+        let mut v = vec![1u8; 10];
+        v.reserve(100);
+        let mut s = v.slice(5..50);
+        // SAFETY: writes 20 bytes within the slice (inside capacity), then records them.
+        unsafe {
+            std::ptr::write_bytes(s.stable_mut_ptr(), 9, 20);
+            s.set_init(20);
+        }
+        let v = s.into_inner();
+        assert_eq!(v.len(), 25);
+        assert_eq!(&v[..5], &[1; 5]);
+        assert_eq!(&v[5..25], &[9; 20]);
     }
 
     #[test]

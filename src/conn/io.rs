@@ -501,10 +501,11 @@ impl ConnIo {
         }
     }
 
-    /// The lkey under which `bytes` can be sent without copying: they lie in one of this
-    /// connection's pools (`extra`: the application's pool of the connection, if made).
-    pub(crate) fn lkey_of(&self, bytes: &[u8], extra: Option<&Pool>) -> Option<u32> {
-        let (addr, len) = (bytes.as_ptr() as usize, bytes.len());
+    /// The lkey under which the `len` bytes at `addr` can be sent (or received into) without
+    /// copying: they lie in one of this connection's pools (`extra`: the application's pool of
+    /// the connection, if made). An address range, not a slice: the bytes may be uninitialised
+    /// memory a receive will fill.
+    pub(crate) fn lkey_of(&self, addr: usize, len: usize, extra: Option<&Pool>) -> Option<u32> {
         extra
             .and_then(|p| p.lkey_of(addr, len))
             .or_else(|| self.pool.lkey_of(addr, len))

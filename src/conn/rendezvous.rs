@@ -443,9 +443,8 @@ impl Connection {
                 Next::Remote(m) => {
                     let mut b = buf.take().expect("not lent: no read");
                     let ptr = b.stable_mut_ptr();
-                    // SAFETY: `cap` bytes of stable memory; only the address range is used.
-                    let range = unsafe { std::slice::from_raw_parts(ptr, cap) };
-                    let lkey = io.lkey_of(range, self.user_pool.get());
+                    // The capacity may be uninitialised: only its address range is looked up.
+                    let lkey = io.lkey_of(ptr as usize, cap, self.user_pool.get());
                     let dest = Box::new(UserDest(b));
                     match Fetch::new(&self.shared.pd, m, (ptr, lkey), dest, owner) {
                         Err((e, dest)) => return (Err(e), take_user(dest)),

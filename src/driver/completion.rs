@@ -95,7 +95,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 SelfYield(false).await;
                 continue;
             }
-            if let Err(e) = shared.cq.req_notify(false) {
+            if let Err(e) = shared.cq.req_notify_driven(false) {
                 error!(error = %e, "arming the completion queue failed; falling back to polling");
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 continue;
@@ -112,7 +112,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 Ok(mut guard) => {
                     let mut events = 0u64;
                     loop {
-                        match shared.cq.get_event() {
+                        match shared.cq.get_event_driven() {
                             Ok(true) => events += 1,
                             Ok(false) => {
                                 guard.clear_ready();

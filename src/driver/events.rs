@@ -105,15 +105,23 @@ fn dispatch(shared: &Arc<Shared>, ev: &AsyncEvent) {
             EventElement::Qp(qpn) => st
                 .qps
                 .iter()
-                .enumerate()
-                .filter(|(_, e)| e.as_ref().is_some_and(|e| e.qp.qpn() == qpn))
-                .map(|(i, _)| QpKey::from_index(i))
+                .flatten()
+                .filter(|e| e.qp.qpn() == qpn)
+                .map(|e| e.key)
                 .collect(),
-            // A CQ error or device loss affects every queue pair of this driver.
-            _ => (0..st.qps.len())
-                .filter(|&i| st.qps[i].is_some())
-                .map(QpKey::from_index)
+            // A CQ error concerns the queue pairs of that CQ: this driver's only if it is ours
+            // (several endpoints on one device share its events).
+            EventElement::Cq(id) if id != shared.cq.id() => Vec::new(),
+            // A shared receive queue's error: the queue pairs attached to it.
+            EventElement::Srq(id) => st
+                .qps
+                .iter()
+                .flatten()
+                .filter(|e| e.qp.srq().is_some_and(|q| q.id() == id))
+                .map(|e| e.key)
                 .collect(),
+            // Our CQ, or the device lost: every queue pair of this driver.
+            _ => st.qps.iter().flatten().map(|e| e.key).collect(),
         };
         for qp in victims {
             st.fail(qp, QpFailure::AsyncEvent(ev.name), &mut wake);

@@ -180,6 +180,9 @@ pub struct DriverStats {
     pub arms: u64,
     /// Operations in the table now.
     pub ops_in_table: u64,
+    /// Queue pairs registered with the driver, closing ones included (a dropped queue pair
+    /// leaves once the device can produce no more completions for it).
+    pub queue_pairs: u64,
 }
 
 /// A completion queue with its machinery: the completion task and the async-event task. Cheap
@@ -222,6 +225,7 @@ impl Driver {
     pub fn new(ctx: &Context, opts: DriverOptions) -> Result<Driver> {
         let channel = CompletionChannel::new(ctx)?;
         let cq = CompletionQueue::new(ctx, opts.cq_size, Some(&channel))?;
+        cq.set_driven();
         let shared = Arc::new(Shared::new(cq, opts.mode, opts.poll_batch));
         let alive = Arc::new(());
         let token = alive.clone();
@@ -349,7 +353,13 @@ impl Driver {
     /// A snapshot of the counters.
     pub fn stats(&self) -> DriverStats {
         let c = &self.inner.shared.counters;
-        let ops = self.inner.shared.lock().core.ops_in_table() as u64;
+        let (ops, qps) = {
+            let st = self.inner.shared.lock();
+            (
+                st.core.ops_in_table() as u64,
+                st.qps.iter().flatten().count() as u64,
+            )
+        };
         DriverStats {
             completions: c.completions.load(Ordering::Relaxed),
             cq_events: c.cq_events.load(Ordering::Relaxed),
@@ -361,6 +371,7 @@ impl Driver {
             polled_in_place: c.polled_in_place.load(Ordering::Relaxed),
             arms: c.arms.load(Ordering::Relaxed),
             ops_in_table: ops,
+            queue_pairs: qps,
         }
     }
 }

@@ -21,7 +21,7 @@ pub(crate) fn post(st: &mut State, shared: &Shared, qp: QpKey) {
     posts.clear();
     st.core.take_postable(qp, &mut posts);
     if !posts.is_empty() {
-        let handle = st.qps[qp.index()].as_ref().expect("registered").qp.clone();
+        let handle = st.entry(qp).expect("registered").qp.clone();
         let recv_end = posts
             .iter()
             .take_while(|p| p.wr.queue == Queue::Recv)
@@ -89,10 +89,10 @@ fn post_sends(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i3
             };
         }
         doorbells += 1;
-        // The SGEs name memory owned by the operations' futures (or parked in the table once a
+        // SAFETY: The SGEs name memory owned by the operations' futures (or parked in the table once a
         // future is dropped) until the core applies each request's completion (or its
         // retirement by a later signaled completion);
-        // SAFETY: so it stays allocated, registered and unused locally meanwhile.
+        // so it stays allocated, registered and unused locally meanwhile.
         if let Err(e) = unsafe { qp.post_send(&wrs[..chunk.len()]) } {
             let (bad, errno) = post_error(e);
             return (doorbells, Err((c * CHAIN + bad, errno)));

@@ -42,24 +42,34 @@ impl AsyncQp {
         attr.caps = opts.caps;
         attr.srq = srq.cloned();
         let qp = QueuePair::new_rc(pd, &attr)?;
+        qp.set_driven();
         let caps: QpCaps = qp.caps();
         let key = {
             let mut st = driver.shared().lock();
-            let key = st.core.add_qp(QpConfig::new(
-                opts.caps
-                    .max_send_wr
-                    .min(caps.max_send_wr)
-                    .saturating_sub(opts.sink_sends),
-                opts.caps.max_recv_wr.min(caps.max_recv_wr),
-                opts.signal_every,
-            ));
+            let key = st
+                .core
+                .add_qp(QpConfig::new(
+                    opts.caps
+                        .max_send_wr
+                        .min(caps.max_send_wr)
+                        .saturating_sub(opts.sink_sends),
+                    opts.caps.max_recv_wr.min(caps.max_recv_wr),
+                    opts.signal_every,
+                ))
+                .ok_or_else(|| {
+                    crate::Error::Unsupported(format!(
+                        "more than {} queue pairs on one completion queue",
+                        crate::proto::QpKey::MAX_INDEX
+                    ))
+                })?;
             if st.qps.len() <= key.index() {
                 st.qps.resize_with(key.index() + 1, || None);
             }
             if srq.is_some() {
-                st.by_qpn.insert(qp.qpn(), key.index());
+                st.by_qpn.insert(qp.qpn(), key);
             }
             st.qps[key.index()] = Some(QpEntry {
+                key,
                 qp: qp.clone(),
                 closing: false,
                 cq_need,
@@ -127,7 +137,7 @@ impl AsyncQp {
     /// Routes the completions of requests posted with [`sink_wr_id`](Self::sink_wr_id) to
     /// `sink` (a connection's receives and message sends, posted by the connection itself).
     pub(crate) fn set_sink(&self, sink: std::sync::Arc<dyn Sink>) {
-        if let Some(Some(e)) = self.shared().lock().qps.get_mut(self.key.index()) {
+        if let Some(e) = self.shared().lock().entry_mut(self.key) {
             e.sink = Some(sink);
         }
     }
@@ -198,7 +208,7 @@ impl Drop for AsyncQp {
         {
             let mut st = self.shared().lock();
             st.fail(self.key, QpFailure::Closed, &mut wake);
-            if let Some(Some(e)) = st.qps.get_mut(self.key.index()) {
+            if let Some(e) = st.entry_mut(self.key) {
                 e.closing = true;
                 // The sink (a connection) owns this handle; break the cycle.
                 e.sink = None;

@@ -27,22 +27,24 @@ use crate::verbs::{CompletionQueue, QueuePair, WcBatch};
 pub(crate) type Payload = Box<dyn Any + Send>;
 
 /// `wr_id`s with this bit set belong to a queue pair's [`Sink`]; bits 32..63 name the queue
-/// pair ([`QpKey`]), bits 0..32 are the sink's own.
+/// pair ([`QpKey::to_bits`]: its index and generation), bits 0..32 are the sink's own.
 pub(crate) const SINK_BIT: u64 = 1 << 63;
 
 /// The `wr_id` of request `local` of the sink of `qp`.
 pub(crate) fn sink_wr_id(qp: QpKey, local: u32) -> u64 {
-    SINK_BIT | ((qp.index() as u64) << 32) | u64::from(local)
+    SINK_BIT | (u64::from(qp.to_bits()) << 32) | u64::from(local)
 }
 
-/// The queue-pair index in the `wr_id` of receives posted on the driver's shared receive
-/// queue: which queue pair consumed one is known only from its completion (`qp_num`).
-const SRQ_INDEX: usize = (1 << 31) - 1;
+/// The queue-pair key of a sink `wr_id` (see [`sink_wr_id`]).
+fn sink_key(wr_id: u64) -> QpKey {
+    QpKey::from_bits(((wr_id & !SINK_BIT) >> 32) as u32)
+}
 
-/// The `wr_id` of receive `local` on the shared receive queue. Its completion goes to the sink
-/// of the queue pair that consumed it, or (no such sink any more) to the SRQ's own sink.
+/// The `wr_id` of receive `local` on the shared receive queue (the reserved key: which queue
+/// pair consumed it is known only from its completion's `qp_num`). Its completion goes to the
+/// sink of that queue pair, or (no such sink any more) to the SRQ's own sink.
 pub(crate) fn srq_wr_id(local: u32) -> u64 {
-    sink_wr_id(QpKey::from_index(SRQ_INDEX), local)
+    sink_wr_id(QpKey::reserved(), local)
 }
 
 /// Receives the completions of the requests a queue pair's owner posted itself (with
@@ -64,6 +66,8 @@ pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
 /// A queue pair as the driver tracks it.
 #[derive(Debug)]
 pub(crate) struct QpEntry {
+    /// Its key in the core (index and generation).
+    pub(crate) key: QpKey,
     pub(crate) qp: QueuePair,
     /// Dropped or closed: remove it (and destroy the QP) once nothing is posted.
     pub(crate) closing: bool,
@@ -76,9 +80,10 @@ pub(crate) struct QpEntry {
 #[derive(Debug)]
 pub(crate) struct State {
     pub(crate) core: Core<Payload>,
+    /// By key index; an entry answers only to its own key ([`State::entry`]).
     pub(crate) qps: Vec<Option<QpEntry>>,
     /// Queue pairs on the shared receive queue, by number (its completions name no key).
-    pub(crate) by_qpn: HashMap<u32, usize>,
+    pub(crate) by_qpn: HashMap<u32, QpKey>,
     /// Takes the shared receive queue's completions whose queue pair has no sink any more.
     pub(crate) srq_sink: Option<Arc<dyn Sink>>,
     /// Reused lists (the hot path does not allocate).
@@ -222,7 +227,7 @@ impl Shared {
             batch,
             ..
         } = st;
-        let wcs = match self.cq.poll(batch) {
+        let wcs = match self.cq.poll_driven(batch) {
             Ok(wcs) => wcs,
             Err(e) => {
                 warn!(error = %e, "polling the completion queue failed");
@@ -239,16 +244,19 @@ impl Shared {
                 core.complete(&cqe, out);
                 continue;
             }
-            let mut key = QpKey::from_index(((cqe.wr_id & !SINK_BIT) >> 32) as usize);
-            let on_srq = key.index() == SRQ_INDEX;
+            let mut key = sink_key(cqe.wr_id);
+            let on_srq = key == QpKey::reserved();
             if on_srq {
-                if let Some(&i) = by_qpn.get(&wc.qp_num()) {
-                    key = QpKey::from_index(i);
+                if let Some(&k) = by_qpn.get(&wc.qp_num()) {
+                    key = k;
                 }
             }
+            // Only the queue pair this key was issued to: a late completion of a queue pair
+            // removed since (its index reused, with another generation) reaches nobody.
             let sink = qps
                 .get(key.index())
                 .and_then(Option::as_ref)
+                .filter(|e| e.key == key)
                 .and_then(|e| e.sink.clone());
             if sink.is_none() && on_srq {
                 // Its queue pair is gone (or never was ours): the buffer goes back.
@@ -361,13 +369,16 @@ impl Shared {
 impl State {
     /// Moves newly failed queue pairs to the error state (so the device flushes them).
     pub(crate) fn apply_failures(&mut self) {
-        for qp in self.out.failed.drain(..) {
-            if let Some(Some(e)) = self.qps.get(qp.index()) {
+        let mut failed = std::mem::take(&mut self.out.failed);
+        for qp in failed.drain(..) {
+            if let Some(e) = self.entry(qp) {
                 if let Err(err) = e.qp.to_error() {
                     warn!(qpn = e.qp.qpn(), error = %err, "moving a failed queue pair to ERR");
                 }
             }
         }
+        // Keep the list's memory.
+        self.out.failed = failed;
     }
 
     /// Fails `qp` with `cause` and moves it to ERR; the wakers go to `wake`.
@@ -377,17 +388,36 @@ impl State {
         wake.take_from(&mut self.out);
     }
 
+    /// The entry of `key`, if that queue pair is still registered (not another one that took
+    /// its index since).
+    pub(crate) fn entry(&self, key: QpKey) -> Option<&QpEntry> {
+        self.qps
+            .get(key.index())
+            .and_then(Option::as_ref)
+            .filter(|e| e.key == key)
+    }
+
+    /// As [`entry`](Self::entry), mutably.
+    pub(crate) fn entry_mut(&mut self, key: QpKey) -> Option<&mut QpEntry> {
+        self.qps
+            .get_mut(key.index())
+            .and_then(Option::as_mut)
+            .filter(|e| e.key == key)
+    }
+
     /// Removes closing queue pairs with nothing left in flight (destroying the QP happens when
     /// the returned handles are dropped, outside the lock).
     pub(crate) fn reap_closed(&mut self, reaped: &mut Vec<QpEntry>) {
         for i in 0..self.qps.len() {
-            let closing = matches!(&self.qps[i], Some(e) if e.closing);
-            if closing
-                && self.core.posted(QpKey::from_index(i)) == 0
-                && self.core.remove_qp(QpKey::from_index(i))
-            {
+            let key = match &self.qps[i] {
+                Some(e) if e.closing => e.key,
+                _ => continue,
+            };
+            if self.core.posted(key) == 0 && self.core.remove_qp(key) {
                 if let Some(e) = self.qps[i].take() {
-                    self.by_qpn.remove(&e.qp.qpn());
+                    if self.by_qpn.get(&e.qp.qpn()) == Some(&e.key) {
+                        self.by_qpn.remove(&e.qp.qpn());
+                    }
                     reaped.push(e);
                 }
             }

@@ -7,23 +7,60 @@ use super::table::{Entry, Lifecycle, OpTable};
 use super::wr::{Cqe, OpInfo, PostItem, Queue, WorkRequest};
 use crate::error::{Error, QpFailure, WcStatus};
 
-/// Identifies a queue pair registered with a [`Core`].
+/// Identifies a queue pair registered with a [`Core`]: a dense index and the generation of
+/// that index, packed in 31 bits (so that a key fits in a sink's `wr_id` beside its flag bit).
+///
+/// An index is reused once its queue pair is removed, with the next generation: a key kept
+/// past its queue pair's removal (an operation future that outlived its queue pair, a late
+/// completion carrying the key in its `wr_id`) names nothing, and is never taken for the new
+/// queue pair at that index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QpKey(u32);
 
 impl QpKey {
+    /// Bits of the index.
+    const INDEX_BITS: u32 = 20;
+    /// Bits of the generation (the rest of the 31).
+    const GEN_BITS: u32 = 11;
+    const INDEX_MASK: u32 = (1 << Self::INDEX_BITS) - 1;
+    const GEN_MASK: u32 = (1 << Self::GEN_BITS) - 1;
+    /// Indices are below this; the all-ones key is reserved (the driver's shared receive
+    /// queue marker).
+    pub(crate) const MAX_INDEX: usize = Self::INDEX_MASK as usize;
+
+    fn new(index: usize, generation: u16) -> QpKey {
+        debug_assert!(index < Self::MAX_INDEX);
+        QpKey(index as u32 | ((u32::from(generation) & Self::GEN_MASK) << Self::INDEX_BITS))
+    }
+
     #[cfg(test)]
     pub(crate) fn for_test(n: u32) -> QpKey {
         QpKey(n)
     }
 
-    /// The dense index of this queue pair (for side tables).
+    /// The dense index of this queue pair (for side tables: compare the whole key too).
     pub(crate) fn index(self) -> usize {
-        self.0 as usize
+        (self.0 & Self::INDEX_MASK) as usize
     }
 
-    pub(crate) fn from_index(i: usize) -> QpKey {
-        QpKey(u32::try_from(i).expect("fewer than 2^32 queue pairs"))
+    /// The generation of the index.
+    pub(crate) fn generation(self) -> u16 {
+        ((self.0 >> Self::INDEX_BITS) & Self::GEN_MASK) as u16
+    }
+
+    /// The 31-bit packed form (index and generation), for `wr_id`s.
+    pub(crate) fn to_bits(self) -> u32 {
+        self.0
+    }
+
+    /// The key packed by [`to_bits`](Self::to_bits) (the top bit is ignored).
+    pub(crate) fn from_bits(bits: u32) -> QpKey {
+        QpKey(bits & ((1 << (Self::INDEX_BITS + Self::GEN_BITS)) - 1))
+    }
+
+    /// The reserved all-ones key.
+    pub(crate) fn reserved() -> QpKey {
+        QpKey((1 << (Self::INDEX_BITS + Self::GEN_BITS)) - 1)
     }
 }
 
@@ -111,6 +148,8 @@ impl<P> Completed<P> {
 pub struct Core<P> {
     table: OpTable<P>,
     qps: Vec<Option<QpSlot>>,
+    /// The current generation of each index of `qps` (bumped when its queue pair goes).
+    gens: Vec<u16>,
 }
 
 impl<P> Default for Core<P> {
@@ -125,38 +164,66 @@ impl<P> Core<P> {
         Core {
             table: OpTable::new(),
             qps: Vec::new(),
+            gens: Vec::new(),
         }
     }
 
-    /// Registers a queue pair.
-    pub fn add_qp(&mut self, cfg: QpConfig) -> QpKey {
+    /// Registers a queue pair; `None` if [`QpKey::MAX_INDEX`] queue pairs are registered.
+    pub fn add_qp(&mut self, cfg: QpConfig) -> Option<QpKey> {
         let slot = Some(QpSlot::new(cfg));
-        if let Some(i) = self.qps.iter().position(Option::is_none) {
-            self.qps[i] = slot;
-            QpKey(i as u32)
-        } else {
-            self.qps.push(slot);
-            QpKey(self.qps.len() as u32 - 1)
-        }
+        let i = match self.qps.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if self.qps.len() < QpKey::MAX_INDEX => {
+                self.qps.push(None);
+                self.gens.push(0);
+                self.qps.len() - 1
+            }
+            None => return None,
+        };
+        self.qps[i] = slot;
+        Some(QpKey::new(i, self.gens[i]))
+    }
+
+    /// Whether `qp` names a registered queue pair (not one removed since).
+    pub fn is_live(&self, qp: QpKey) -> bool {
+        self.live(qp).is_some()
     }
 
     /// Forgets a queue pair. Returns `false` (and keeps it) while it has outstanding requests.
+    /// Its index is reused with the next generation: `qp` names nothing from now on.
     pub fn remove_qp(&mut self, qp: QpKey) -> bool {
-        match self.qps.get(qp.0 as usize) {
-            Some(Some(slot)) if slot.outstanding() > 0 => false,
-            Some(Some(_)) => {
-                self.qps[qp.0 as usize] = None;
+        match self.live(qp) {
+            Some(slot) if slot.outstanding() > 0 => false,
+            Some(_) => {
+                let i = qp.index();
+                self.qps[i] = None;
+                self.gens[i] = self.gens[i].wrapping_add(1);
                 true
             }
-            _ => true,
+            None => true,
         }
     }
 
+    fn live(&self, qp: QpKey) -> Option<&QpSlot> {
+        let i = qp.index();
+        if self.gens.get(i) != Some(&qp.generation()) {
+            return None;
+        }
+        self.qps.get(i)?.as_ref()
+    }
+
+    fn live_mut(&mut self, qp: QpKey) -> Option<&mut QpSlot> {
+        let i = qp.index();
+        if self.gens.get(i) != Some(&qp.generation()) {
+            return None;
+        }
+        self.qps.get_mut(i)?.as_mut()
+    }
+
+    /// The slot of a queue pair known to be live (it has entries in the table, or the caller
+    /// checked).
     fn slot(&mut self, qp: QpKey) -> &mut QpSlot {
-        self.qps
-            .get_mut(qp.0 as usize)
-            .and_then(Option::as_mut)
-            .expect("queue pair is registered")
+        self.live_mut(qp).expect("queue pair is registered")
     }
 
     /// Operations in the table (queued, posted, completed-but-uncollected, or cancelled).
@@ -166,23 +233,17 @@ impl<P> Core<P> {
 
     /// Requests of `qp` queued or posted and not yet completed.
     pub fn outstanding(&self, qp: QpKey) -> usize {
-        self.qps
-            .get(qp.0 as usize)
-            .and_then(Option::as_ref)
-            .map_or(0, QpSlot::outstanding)
+        self.live(qp).map_or(0, QpSlot::outstanding)
     }
 
     /// Posted requests of `qp` the device still owes a completion for.
     pub fn posted(&self, qp: QpKey) -> usize {
-        self.qps
-            .get(qp.0 as usize)
-            .and_then(Option::as_ref)
-            .map_or(0, QpSlot::posted)
+        self.live(qp).map_or(0, QpSlot::posted)
     }
 
     /// The failure of `qp`, if it failed.
     pub fn failure(&self, qp: QpKey) -> Option<&QpFailure> {
-        self.qps.get(qp.0 as usize)?.as_ref()?.failure.as_ref()
+        self.live(qp)?.failure.as_ref()
     }
 
     /// Queues a request with its payload. The payload is owned by the table from now on.
@@ -190,15 +251,15 @@ impl<P> Core<P> {
     /// # Errors
     ///
     /// If the queue pair has failed, returns [`Error::QpFailed`] with its cause, and the
-    /// payload back (nothing was queued).
+    /// payload back (nothing was queued); [`QpFailure::Closed`] if it was removed.
     pub fn submit(
         &mut self,
         qp: QpKey,
         wr: WorkRequest,
         payload: P,
     ) -> Result<Submitted, (Error, P)> {
-        if let Some(f) = &self.slot(qp).failure {
-            return Err((Error::QpFailed(f.clone()), payload));
+        if let Err(e) = self.check_submit(qp) {
+            return Err((e, payload));
         }
         Ok(self.insert(qp, wr, Some(payload)))
     }
@@ -210,12 +271,21 @@ impl<P> Core<P> {
     ///
     /// # Errors
     ///
-    /// [`Error::QpFailed`] with the cause if the queue pair has failed (nothing was queued).
+    /// [`Error::QpFailed`] with the cause if the queue pair has failed (nothing was queued),
+    /// with [`QpFailure::Closed`] if it was removed (its key is stale).
     pub fn submit_unparked(&mut self, qp: QpKey, wr: WorkRequest) -> Result<Submitted, Error> {
-        if let Some(f) = &self.slot(qp).failure {
-            return Err(Error::QpFailed(f.clone()));
-        }
+        self.check_submit(qp)?;
         Ok(self.insert(qp, wr, None))
+    }
+
+    fn check_submit(&self, qp: QpKey) -> Result<(), Error> {
+        match self.live(qp) {
+            None => Err(Error::QpFailed(QpFailure::Closed)),
+            Some(slot) => match &slot.failure {
+                Some(f) => Err(Error::QpFailed(f.clone())),
+                None => Ok(()),
+            },
+        }
     }
 
     fn insert(&mut self, qp: QpKey, wr: WorkRequest, payload: Option<P>) -> Submitted {
@@ -237,10 +307,7 @@ impl<P> Core<P> {
 
     /// Whether `qp` has queued requests that fit in its queues now.
     pub fn has_postable(&self, qp: QpKey) -> bool {
-        self.qps
-            .get(qp.0 as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(QpSlot::has_postable)
+        self.live(qp).is_some_and(QpSlot::has_postable)
     }
 
     /// Moves as many queued requests of `qp` as its queues have room for into `out` (receives
@@ -248,10 +315,14 @@ impl<P> Core<P> {
     /// must post exactly these, in this order, while still holding the core's lock (the send
     /// queue's order is how unsignaled requests are retired).
     pub fn take_postable(&mut self, qp: QpKey, out: &mut Vec<PostItem>) {
-        let Core { table, qps } = self;
-        let slot = qps[qp.0 as usize]
-            .as_mut()
-            .expect("queue pair is registered");
+        let i = qp.index();
+        if self.gens.get(i) != Some(&qp.generation()) {
+            return;
+        }
+        let Core { table, qps, .. } = self;
+        let Some(slot) = qps.get_mut(i).and_then(Option::as_mut) else {
+            return;
+        };
         if slot.failure.is_some() {
             return;
         }
@@ -398,6 +469,12 @@ impl<P> Core<P> {
             return;
         }
         let (qp, queue) = (entry.qp, entry.queue);
+        if !self.is_live(qp) {
+            // Posted requests keep their queue pair registered: unreachable, but never apply a
+            // completion to a queue pair that is gone.
+            out.unknown += 1;
+            return;
+        }
         let had_space = self.slot(qp).has_postable();
         match queue {
             Queue::Send => {
@@ -450,8 +527,12 @@ impl<P> Core<P> {
     /// requests at once. Posted requests complete when the device flushes them; the caller
     /// must move the queue pair to the error state (it is listed in [`Completed::failed`] the
     /// first time). Returns the recorded cause.
+    ///
+    /// A removed queue pair (stale key) has nothing to fail: `cause` is returned as is.
     pub fn fail_qp(&mut self, qp: QpKey, cause: QpFailure, out: &mut Completed<P>) -> QpFailure {
-        let slot = self.slot(qp);
+        let Some(slot) = self.live_mut(qp) else {
+            return cause;
+        };
         if slot.failure.is_none() {
             slot.failure = Some(cause);
             out.failed.push(qp);
@@ -506,7 +587,12 @@ impl<P> Core<P> {
     /// `wr_id`; the caller posts it as a zero-length signaled SEND on the queue pair (in the
     /// error state it completes with a flush). Its completion retires every earlier send, as
     /// any signaled completion does, and the marker itself resolves no future.
+    ///
+    /// # Panics
+    ///
+    /// If `qp` is not registered.
     pub fn drain_marker(&mut self, qp: QpKey) -> u64 {
+        assert!(self.is_live(qp), "queue pair is registered");
         let wr_id = self.table.insert(Entry {
             qp,
             queue: Queue::Send,
@@ -522,16 +608,16 @@ impl<P> Core<P> {
     /// Whether `qp` has posted sends that only a later completion can retire (used after a
     /// failed post to decide whether a drain marker is needed).
     pub fn has_posted_sends(&self, qp: QpKey) -> bool {
-        self.qps
-            .get(qp.0 as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|s| !s.sq_ring.is_empty())
+        self.live(qp).is_some_and(|s| !s.sq_ring.is_empty())
     }
 
     /// Completes every posted request of `qp` with its failure, without waiting for the
     /// device. Only for a queue pair that was destroyed (the device can no longer touch the
     /// memory) or whose device is gone.
     pub fn abandon_qp(&mut self, qp: QpKey, out: &mut Completed<P>) {
+        if !self.is_live(qp) {
+            return;
+        }
         let failure = self.fail_qp(qp, QpFailure::Closed, out);
         let slot = self.slot(qp);
         slot.sq_ring.clear();

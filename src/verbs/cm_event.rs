@@ -182,8 +182,8 @@ impl CmEvent {
         let (local_addr, peer_addr) = if ev.id.is_null() {
             (None, None)
         } else {
-            // The id is alive (ours, whose destruction waits for this event's ack, or the new
-            // SAFETY: id of a request); the pointers address its route's sockaddr_storage fields.
+            // SAFETY: The id is alive (ours, whose destruction waits for this event's ack, or the new
+            // id of a request); the pointers address its route's sockaddr_storage fields.
             unsafe {
                 (
                     cm_addr::from_raw(sys::rdma_get_local_addr(ev.id)),

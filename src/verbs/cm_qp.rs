@@ -156,8 +156,8 @@ impl QueuePair {
     /// `ibv_modify_qp` with a raw attribute and mask (e.g. from `rdma_init_qp_attr`).
     pub(crate) fn modify_raw(&self, attr: &mut sys::ibv_qp_attr, mask: i32) -> Result<()> {
         let to = QpState::from_raw(attr.qp_state);
-        // The QP is alive; the fields of `attr` named in `mask` were set (by rdma_init_qp_attr
-        // SAFETY: or the caller). ibv_modify_qp returns its error code directly.
+        // SAFETY: The QP is alive; the fields of `attr` named in `mask` were set (by rdma_init_qp_attr
+        // or the caller). ibv_modify_qp returns its error code directly.
         let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), attr, mask) };
         if rc != 0 {
             return Err(Error::code(rc, |source| Error::ModifyQp { to, source }));

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use super::channel::CompletionChannel;
 use super::context::Context;
@@ -37,6 +37,9 @@ struct CqInner {
     unacked: AtomicU32,
     channel: Option<CompletionChannel>,
     ctx: Context,
+    /// A [`Driver`](crate::driver::Driver) polls and arms this queue: the public polling and
+    /// event calls refuse (they would take completions and events the driver is owed).
+    driven: AtomicBool,
 }
 
 // SAFETY: polling, arming and event calls on a CQ are thread-safe in libibverbs (providers
@@ -84,6 +87,7 @@ impl CompletionQueue {
                 unacked: AtomicU32::new(0),
                 channel: channel.cloned(),
                 ctx: ctx.clone(),
+                driven: AtomicBool::new(false),
             }),
         })
     }
@@ -113,18 +117,48 @@ impl CompletionQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::PollCq`] if the provider reports a polling failure.
+    /// [`Error::PollCq`] if the provider reports a polling failure; [`Error::DriverOwned`]
+    /// if a [`Driver`](crate::driver::Driver) polls this queue (a completion taken here would
+    /// never reach the operation it belongs to).
     pub fn poll<'b>(&self, batch: &'b mut WcBatch) -> Result<&'b [WorkCompletion]> {
-        let n = self.poll_into(batch.spare())?;
+        self.not_driven()?;
+        self.poll_driven(batch)
+    }
+
+    /// [`poll`](Self::poll) for the driver that owns the queue.
+    pub(crate) fn poll_driven<'b>(
+        &self,
+        batch: &'b mut WcBatch,
+    ) -> Result<&'b [WorkCompletion]> {
+        let n = self.poll_into_unchecked(batch.spare())?;
         Ok(batch.filled(n))
+    }
+
+    /// Marks the queue as polled and armed by a driver from now on (see
+    /// [`Error::DriverOwned`]).
+    pub(crate) fn set_driven(&self) {
+        self.inner.driven.store(true, Ordering::Relaxed);
+    }
+
+    fn not_driven(&self) -> Result<()> {
+        if self.inner.driven.load(Ordering::Relaxed) {
+            return Err(Error::DriverOwned("completion queue"));
+        }
+        Ok(())
     }
 
     /// Polls completions into `out` and returns how many were written.
     ///
     /// # Errors
     ///
-    /// [`Error::PollCq`] if the provider reports a polling failure.
+    /// [`Error::PollCq`] if the provider reports a polling failure; [`Error::DriverOwned`]
+    /// if a driver polls this queue.
     pub fn poll_into(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        self.not_driven()?;
+        self.poll_into_unchecked(out)
+    }
+
+    fn poll_into_unchecked(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let max = i32::try_from(out.len()).unwrap_or(i32::MAX);
         // SAFETY: `WorkCompletion` is `repr(transparent)` over `ibv_wc`, and `out` has room for
         // `max` of them; the CQ is alive.
@@ -144,8 +178,15 @@ impl CompletionQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::ReqNotifyCq`] with the returned error code.
+    /// [`Error::ReqNotifyCq`] with the returned error code; [`Error::DriverOwned`] if a
+    /// driver arms this queue.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.not_driven()?;
+        self.req_notify_driven(solicited_only)
+    }
+
+    /// [`req_notify`](Self::req_notify) for the driver that owns the queue.
+    pub(crate) fn req_notify_driven(&self, solicited_only: bool) -> Result<()> {
         // SAFETY: the CQ is alive.
         let rc = unsafe { sys::ibv_req_notify_cq(self.as_ptr(), i32::from(solicited_only)) };
         if rc != 0 {
@@ -161,8 +202,15 @@ impl CompletionQueue {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] if the CQ has no channel, or the event belongs to another
-    /// CQ on a shared channel; [`Error::GetCqEvent`] with the errno.
+    /// CQ on a shared channel; [`Error::GetCqEvent`] with the errno; [`Error::DriverOwned`]
+    /// if a driver reads this queue's events.
     pub fn get_event(&self) -> Result<bool> {
+        self.not_driven()?;
+        self.get_event_driven()
+    }
+
+    /// [`get_event`](Self::get_event) for the driver that owns the queue.
+    pub(crate) fn get_event_driven(&self) -> Result<bool> {
         let Some(channel) = &self.inner.channel else {
             return Err(Error::InvalidArgument(
                 "CQ has no completion channel".into(),

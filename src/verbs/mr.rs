@@ -146,10 +146,13 @@ pub struct RegisteredBuffer {
     layout: Layout,
 }
 
-// SAFETY: the buffer owns its allocation; concurrent device access is governed by the unsafe
-// posting contract, and local access goes through `&`/`&mut` rules or volatile operations.
+// SAFETY: the buffer owns its allocation (a raw pointer only because the device also reaches
+// it); moving it to another thread moves that ownership, and the registration handle is Send.
 unsafe impl Send for RegisteredBuffer {}
-// SAFETY: `&self` methods only read (volatile when remote access exists).
+// SAFETY: through `&self` the bytes are only read: `as_slice` (no remote access, so only work
+// the caller posted under the unsafe posting contract can write them) and the volatile reads of
+// `read_at`/`to_vec`. Every local write takes `&mut self` (`as_mut_slice`, `write_at`), so
+// shared references on several threads never race with a local write.
 unsafe impl Sync for RegisteredBuffer {}
 
 const PAGE: usize = 4096;
@@ -242,8 +245,10 @@ impl RegisteredBuffer {
         if self.access().is_remote() {
             return None;
         }
-        // SAFETY: the allocation is `len` initialised bytes owned by `self`; without remote
-        // access only locally posted work (under the unsafe posting contract) writes it.
+        // SAFETY: the allocation is `len` bytes, zeroed at creation and owned by `self`. No
+        // peer can write it (no remote access); local writes need `&mut self`, which this
+        // borrow excludes; the device writes it only for work the caller posted, whose unsafe
+        // contract forbids holding references to that memory meanwhile.
         Some(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) })
     }
 
@@ -275,12 +280,22 @@ impl RegisteredBuffer {
         }
     }
 
-    /// Copies `data` into the buffer at `offset` with volatile writes.
+    /// Copies `data` into the buffer at `offset` with volatile writes (a peer with remote
+    /// access may write the buffer meanwhile). Takes `&mut self`: no slice from
+    /// [`as_slice`](Self::as_slice) can be alive while the bytes change under it.
+    ///
+    /// ```compile_fail
+    /// # fn f(buf: &mut tokio_rdma::verbs::RegisteredBuffer) {
+    /// let view = buf.as_slice().unwrap();
+    /// buf.write_at(0, b"x"); // error: `buf` is already borrowed by `view`
+    /// assert_eq!(view[0], b'x');
+    /// # }
+    /// ```
     ///
     /// # Panics
     ///
     /// If the range is out of bounds.
-    pub fn write_at(&self, offset: usize, data: &[u8]) {
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) {
         assert!(
             offset
                 .checked_add(data.len())

@@ -290,6 +290,9 @@ struct QpInner {
     recv_cq: CompletionQueue,
     /// Dropped after the QP (`Drop` destroys the QP first).
     srq: Option<SharedReceiveQueue>,
+    /// A [`Driver`](crate::driver::Driver) owns its work requests and their `wr_id`s: nothing
+    /// else may post on it (see [`QueuePair::is_driven`]).
+    driven: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: posting and modifying a QP are thread-safe in libibverbs (providers lock their
@@ -345,8 +348,24 @@ impl QueuePair {
                 send_cq: attr.send_cq.clone(),
                 recv_cq: attr.recv_cq.clone(),
                 srq: attr.srq.clone(),
+                driven: std::sync::atomic::AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Whether a [`Driver`](crate::driver::Driver) owns this queue pair's work requests (it
+    /// was created by an [`AsyncQp`](crate::driver::AsyncQp) or a connection). Posting on it
+    /// from anywhere else would hand the driver completions it never issued: the safe APIs that
+    /// post (memory-window grants) refuse such a queue pair.
+    pub fn is_driven(&self) -> bool {
+        self.inner.driven.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Marks the queue pair as owned by a driver (see [`is_driven`](Self::is_driven)).
+    pub(crate) fn set_driven(&self) {
+        self.inner
+            .driven
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The shared receive queue its receives come from, if created with one.
@@ -567,7 +586,9 @@ impl QueuePair {
     /// signaled request on this queue pair), the memory named by its scatter/gather entries must
     /// stay allocated, registered, and not be accessed in a way that conflicts with the device
     /// (the device reads it for sends/writes, writes it for reads/atomics). Inline requests only
-    /// need their memory during this call.
+    /// need their memory during this call. The queue pair must not be
+    /// [driven](Self::is_driven) by a driver (unless the caller is that driver and owns the
+    /// `wr_id`s): its completions would reach the driver's table instead of the caller.
     ///
     /// # Errors
     ///
@@ -611,6 +632,7 @@ impl QueuePair {
     ///
     /// The memory named by each request's scatter/gather entries must stay allocated and
     /// registered, and must not be read or written locally, until its completion is polled.
+    /// As for [`post_send`](Self::post_send), not on a [driven](Self::is_driven) queue pair.
     ///
     /// # Errors
     ///

@@ -170,7 +170,7 @@ pub fn reg_with(
     data: &[u8],
     access: AccessFlags,
 ) -> tokio_rdma::verbs::RegisteredBuffer {
-    let b =
+    let mut b =
         tokio_rdma::verbs::RegisteredBuffer::new(pd, data.len().max(1), access).expect("register");
     b.write_at(0, data);
     b

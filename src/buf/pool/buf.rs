@@ -139,9 +139,9 @@ impl PoolBuf {
 impl Deref for PoolBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // `len <= capacity` initialised bytes owned by this buffer; the registration is
+        // SAFETY: `len <= capacity` initialised bytes owned by this buffer; the registration is
         // LOCAL_WRITE only, so only work the owner posts (an op holding the buffer by value,
-        // SAFETY: or under the unsafe posting contract) writes it.
+        // or under the unsafe posting contract) writes it.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }

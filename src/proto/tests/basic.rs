@@ -10,7 +10,7 @@ use super::*;
 #[test]
 fn submit_post_complete_poll_round_trip() {
     let mut core: Core<&'static str> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     assert!(!core.has_postable(qp));
 
     let s = submit(&mut core, qp, send_wr(), "send-buf");
@@ -50,7 +50,7 @@ fn submit_post_complete_poll_round_trip() {
 fn table_owns_the_payload_from_submit_until_collection() {
     let token = Arc::new(());
     let mut core: Core<Arc<()>> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let id = submit(&mut core, qp, send_wr(), token.clone());
     assert_eq!(Arc::strong_count(&token), 2, "held while queued");
     take(&mut core, qp);
@@ -96,7 +96,7 @@ fn completed_clear_and_is_empty() {
 #[test]
 fn pending_poll_stores_the_waker_and_completion_wakes_it_once() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let id = submit(&mut core, qp, send_wr(), 1);
     let w = WakeCounter::new();
     pending(&mut core, id, &w); // while queued
@@ -121,7 +121,7 @@ fn pending_poll_stores_the_waker_and_completion_wakes_it_once() {
 #[test]
 fn repolling_with_an_equivalent_waker_does_not_duplicate_it() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let id = submit(&mut core, qp, send_wr(), 1);
     take(&mut core, qp);
     let w = WakeCounter::new();
@@ -138,7 +138,7 @@ fn repolling_with_an_equivalent_waker_does_not_duplicate_it() {
 #[test]
 fn a_different_waker_replaces_the_stored_one() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let id = submit(&mut core, qp, send_wr(), 1);
     take(&mut core, qp);
     let (old, new) = (WakeCounter::new(), WakeCounter::new());
@@ -153,7 +153,7 @@ fn a_different_waker_replaces_the_stored_one() {
 #[test]
 fn completion_before_any_poll_has_no_waker_and_is_ready_immediately() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let id = submit(&mut core, qp, recv_wr(), 5);
     take(&mut core, qp);
     let out = complete(&mut core, cqe_recv(id, 12, None));
@@ -176,7 +176,7 @@ fn completion_before_any_poll_has_no_waker_and_is_ready_immediately() {
 #[test]
 fn receives_are_posted_before_sends_and_always_signaled() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(8, 8, 100));
+    let qp = core.add_qp(QpConfig::new(8, 8, 100)).unwrap();
     let s1 = submit(&mut core, qp, send_wr(), 1);
     let r1 = submit(&mut core, qp, recv_wr(), 2);
     let s2 = submit(&mut core, qp, send_wr(), 3);
@@ -201,7 +201,7 @@ fn receives_are_posted_before_sends_and_always_signaled() {
 #[test]
 fn rq_depth_bounds_posted_receives_and_completions_match_by_wr_id() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 2, 1));
+    let qp = core.add_qp(QpConfig::new(4, 2, 1)).unwrap();
     let r: Vec<u64> = (0..5)
         .map(|i| submit(&mut core, qp, recv_wr(), i))
         .collect();
@@ -253,7 +253,7 @@ fn rq_depth_bounds_posted_receives_and_completions_match_by_wr_id() {
 #[test]
 fn send_queue_depth_is_backpressure_not_an_error() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(3, 0, 1));
+    let qp = core.add_qp(QpConfig::new(3, 0, 1)).unwrap();
     let s: Vec<u64> = (0..7)
         .map(|i| submit(&mut core, qp, send_wr(), i))
         .collect();
@@ -299,7 +299,7 @@ fn send_queue_depth_is_backpressure_not_an_error() {
 fn selective_signaling_examples() {
     // Every 3rd plus the last of the batch.
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(16, 0, 3));
+    let qp = core.add_qp(QpConfig::new(16, 0, 3)).unwrap();
     for i in 0..7 {
         submit(&mut core, qp, send_wr(), i);
     }
@@ -311,7 +311,7 @@ fn selective_signaling_examples() {
     // The send that fills the queue is signaled even though the batch continues... and the
     // batch is cut at the depth.
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 0, 10));
+    let qp = core.add_qp(QpConfig::new(4, 0, 10)).unwrap();
     for i in 0..6 {
         submit(&mut core, qp, send_wr(), i);
     }
@@ -319,7 +319,7 @@ fn selective_signaling_examples() {
 
     // signal_every = 1: every send is signaled.
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(8, 0, 1));
+    let qp = core.add_qp(QpConfig::new(8, 0, 1)).unwrap();
     for i in 0..5 {
         submit(&mut core, qp, send_wr(), i);
     }
@@ -333,7 +333,7 @@ fn selective_signaling_matches_the_policy_for_all_small_configs() {
             for m in 1..=12usize {
                 let ctx = format!("depth={depth} k={k} m={m}");
                 let mut core: Core<usize> = Core::new();
-                let qp = core.add_qp(QpConfig::new(depth as u32, 0, k as u32));
+                let qp = core.add_qp(QpConfig::new(depth as u32, 0, k as u32)).unwrap();
                 let s: Vec<u64> = (0..m)
                     .map(|i| submit(&mut core, qp, send_wr(), i))
                     .collect();
@@ -397,7 +397,7 @@ fn next_signaled_signals_the_send_that_fills_the_queue() {
 #[test]
 fn signaled_completion_retires_earlier_sends_in_order_and_wakes_each() {
     let mut core: Core<usize> = Core::new();
-    let qp = core.add_qp(QpConfig::new(16, 0, 4));
+    let qp = core.add_qp(QpConfig::new(16, 0, 4)).unwrap();
     let s: Vec<u64> = (0..8)
         .map(|i| submit(&mut core, qp, send_wr(), i))
         .collect();
@@ -443,7 +443,7 @@ fn signaled_completion_retires_earlier_sends_in_order_and_wakes_each() {
 #[test]
 fn retirement_frees_queue_space_for_every_retired_send() {
     let mut core: Core<usize> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 0, 4));
+    let qp = core.add_qp(QpConfig::new(4, 0, 4)).unwrap();
     let s: Vec<u64> = (0..10)
         .map(|i| submit(&mut core, qp, send_wr(), i))
         .collect();
@@ -463,8 +463,8 @@ fn retirement_frees_queue_space_for_every_retired_send() {
 #[test]
 fn interleaved_sends_of_two_qps_post_and_retire_independently() {
     let mut core: Core<(char, usize)> = Core::new();
-    let qa = core.add_qp(QpConfig::new(4, 0, 2));
-    let qb = core.add_qp(QpConfig::new(3, 0, 3));
+    let qa = core.add_qp(QpConfig::new(4, 0, 2)).unwrap();
+    let qb = core.add_qp(QpConfig::new(3, 0, 3)).unwrap();
     assert_ne!(qa, qb);
     let mut a = Vec::new();
     let mut b = Vec::new();
@@ -524,8 +524,8 @@ fn interleaved_sends_of_two_qps_post_and_retire_independently() {
 #[test]
 fn an_error_on_one_qp_leaves_the_other_alone() {
     let mut core: Core<u32> = Core::new();
-    let qa = core.add_qp(QpConfig::new(4, 4, 1));
-    let qb = core.add_qp(QpConfig::new(4, 4, 1));
+    let qa = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
+    let qb = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let a = submit(&mut core, qa, send_wr(), 1);
     let b = submit(&mut core, qb, send_wr(), 2);
     take(&mut core, qa);

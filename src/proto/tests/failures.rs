@@ -10,7 +10,7 @@ use super::*;
 #[test]
 fn error_completion_fails_the_op_the_qp_and_every_queued_op() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 2, 2));
+    let qp = core.add_qp(QpConfig::new(4, 2, 2)).unwrap();
     let s: Vec<u64> = (0..6)
         .map(|i| submit(&mut core, qp, send_wr(), i))
         .collect();
@@ -90,7 +90,7 @@ fn error_completion_fails_the_op_the_qp_and_every_queued_op() {
 #[test]
 fn receive_error_fails_the_qp_and_flushes_report_its_cause() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 4));
+    let qp = core.add_qp(QpConfig::new(4, 4, 4)).unwrap();
     let r = submit(&mut core, qp, recv_wr(), 0);
     let s: Vec<u64> = (1..4)
         .map(|i| submit(&mut core, qp, send_wr(), i))
@@ -116,7 +116,7 @@ fn receive_error_fails_the_qp_and_flushes_report_its_cause() {
 #[test]
 fn a_flush_without_a_recorded_cause_records_flushed() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let a = submit(&mut core, qp, send_wr(), 0);
     let b = submit(&mut core, qp, send_wr(), 1);
     take(&mut core, qp);
@@ -133,7 +133,7 @@ fn a_flush_without_a_recorded_cause_records_flushed() {
 #[test]
 fn fail_qp_then_flush_every_posted_op_resolves_everything_once() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 3));
+    let qp = core.add_qp(QpConfig::new(4, 4, 3)).unwrap();
     let r: Vec<u64> = (0..3)
         .map(|i| submit(&mut core, qp, recv_wr(), i))
         .collect();
@@ -192,7 +192,7 @@ fn fail_qp_then_flush_every_posted_op_resolves_everything_once() {
 fn post_failed_fails_the_unposted_suffix_and_the_qp() {
     let mut core: Core<Arc<()>> = Core::new();
     let token = Arc::new(());
-    let qp = core.add_qp(QpConfig::new(4, 4, 4));
+    let qp = core.add_qp(QpConfig::new(4, 4, 4)).unwrap();
     let r = submit(&mut core, qp, recv_wr(), token.clone());
     let s: Vec<u64> = (0..3)
         .map(|_| submit(&mut core, qp, send_wr(), token.clone()))
@@ -251,7 +251,7 @@ fn assert_ignored<P>(core: &mut Core<P>, qp: QpKey, cqe: Cqe) {
 #[test]
 fn unknown_duplicate_and_stale_completions_are_counted_and_ignored() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(2, 2, 2));
+    let qp = core.add_qp(QpConfig::new(2, 2, 2)).unwrap();
 
     // Unknown ids, with success and error statuses (an error must not fail the QP).
     assert_ignored(&mut core, qp, Cqe::success(0x0000_0007_ffff_0000, 1));
@@ -320,7 +320,7 @@ fn unknown_duplicate_and_stale_completions_are_counted_and_ignored() {
 #[test]
 fn drop_before_submit_leaves_nothing_behind() {
     let mut core: Core<Arc<()>> = Core::new();
-    let _qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let _qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     // A future dropped before its first poll never submitted: nothing to cancel.
     assert!(core.cancel(0).is_none());
     assert!(core.cancel(0x1_0000_0003).is_none());
@@ -331,7 +331,7 @@ fn drop_before_submit_leaves_nothing_behind() {
 fn drop_while_queued_returns_the_payload_and_never_posts() {
     let token = Arc::new(());
     let mut core: Core<Arc<()>> = Core::new();
-    let qp = core.add_qp(QpConfig::new(1, 1, 1));
+    let qp = core.add_qp(QpConfig::new(1, 1, 1)).unwrap();
     let s1 = submit(&mut core, qp, send_wr(), token.clone());
     let r1 = submit(&mut core, qp, recv_wr(), token.clone());
     assert_eq!(ids(&take(&mut core, qp)), [r1, s1]);
@@ -384,7 +384,7 @@ fn drop_while_queued_returns_the_payload_and_never_posts() {
 fn drop_after_posting_parks_the_payload_until_the_completion() {
     let token = Arc::new(());
     let mut core: Core<Arc<()>> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let s = submit(&mut core, qp, send_wr(), token.clone());
     let r = submit(&mut core, qp, recv_wr(), token.clone());
     take(&mut core, qp);
@@ -428,7 +428,7 @@ fn drop_after_posting_parks_the_payload_until_the_completion() {
 fn dropped_unsignaled_sends_are_released_by_the_retiring_completion() {
     let token = Arc::new(());
     let mut core: Core<Arc<()>> = Core::new();
-    let qp = core.add_qp(QpConfig::new(8, 0, 4));
+    let qp = core.add_qp(QpConfig::new(8, 0, 4)).unwrap();
     let s: Vec<u64> = (0..4)
         .map(|_| submit(&mut core, qp, send_wr(), token.clone()))
         .collect();
@@ -451,7 +451,7 @@ fn dropped_unsignaled_sends_are_released_by_the_retiring_completion() {
 fn drop_after_completion_returns_the_payload() {
     let token = Arc::new(());
     let mut core: Core<Arc<()>> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let s = submit(&mut core, qp, send_wr(), token.clone());
     take(&mut core, qp);
     let w = WakeCounter::new();
@@ -483,7 +483,7 @@ fn drop_after_completion_returns_the_payload() {
 fn abandon_qp_completes_every_posted_op_and_releases_cancelled_payloads() {
     let token = Arc::new(());
     let mut core: Core<Arc<()>> = Core::new();
-    let qp = core.add_qp(QpConfig::new(3, 2, 2));
+    let qp = core.add_qp(QpConfig::new(3, 2, 2)).unwrap();
     let s: Vec<u64> = (0..5)
         .map(|_| submit(&mut core, qp, send_wr(), token.clone()))
         .collect();
@@ -534,7 +534,7 @@ fn abandon_qp_completes_every_posted_op_and_releases_cancelled_payloads() {
 #[test]
 fn abandon_keeps_an_earlier_cause() {
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(4, 4, 1));
+    let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let a = submit(&mut core, qp, send_wr(), 0);
     let b = submit(&mut core, qp, send_wr(), 1);
     take(&mut core, qp);
@@ -555,8 +555,8 @@ fn abandon_keeps_an_earlier_cause() {
 #[test]
 fn qp_keys_are_reused_after_removal_without_disturbing_uncollected_ops() {
     let mut core: Core<u32> = Core::new();
-    let qa = core.add_qp(QpConfig::new(4, 4, 1));
-    let qb = core.add_qp(QpConfig::new(4, 4, 1));
+    let qa = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
+    let qb = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     let a = submit(&mut core, qa, send_wr(), 1);
     take(&mut core, qa);
     complete(&mut core, Cqe::success(a, 5));
@@ -568,8 +568,9 @@ fn qp_keys_are_reused_after_removal_without_disturbing_uncollected_ops() {
     assert!(!core.has_postable(qa));
     assert!(core.failure(qa).is_none());
 
-    let qc = core.add_qp(QpConfig::new(4, 4, 1));
-    assert_eq!(qc, qa, "the free key is reused");
+    let qc = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
+    assert_eq!(qc.index(), qa.index(), "the free index is reused");
+    assert_ne!(qc, qa, "with a new generation");
     assert_ne!(qc, qb);
     let c = submit(&mut core, qc, send_wr(), 3);
     take(&mut core, qc);
@@ -586,7 +587,7 @@ fn qp_keys_are_reused_after_removal_without_disturbing_uncollected_ops() {
 fn drain_marker_retires_sends_posted_before_a_failed_post() {
     // u1, u2 unsignaled and posted; s3 (signaled, last) rejected by ibv_post_send.
     let mut core: Core<u32> = Core::new();
-    let qp = core.add_qp(QpConfig::new(8, 8, 8));
+    let qp = core.add_qp(QpConfig::new(8, 8, 8)).unwrap();
     let u1 = submit(&mut core, qp, send_wr(), 1);
     let u2 = submit(&mut core, qp, send_wr(), 2);
     let s3 = submit(&mut core, qp, send_wr(), 3);
@@ -612,4 +613,56 @@ fn drain_marker_retires_sends_posted_before_a_failed_post() {
     assert_eq!(core.posted(qp), 0);
     assert_eq!(core.ops_in_table(), 0, "the marker leaves nothing behind");
     assert!(core.remove_qp(qp));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stale queue-pair keys: an index is reused with a new generation
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_removed_queue_pairs_key_names_nothing_once_its_index_is_reused() {
+    let mut core: Core<&'static str> = Core::new();
+    let old = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
+    assert!(core.remove_qp(old));
+    let new = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
+    assert_eq!(old.index(), new.index(), "the index is reused");
+    assert_ne!(old, new, "with another generation");
+    assert!(!core.is_live(old) && core.is_live(new));
+
+    // A future created on the old queue pair and polled only now: an error, never a post on
+    // the queue pair that took the index (at 61ac8ac this panicked, or queued on `new`).
+    match core.submit_unparked(old, send_wr()) {
+        Err(Error::QpFailed(QpFailure::Closed)) => {}
+        other => panic!("submit on a removed queue pair: {other:?}"),
+    }
+    let Err((Error::QpFailed(QpFailure::Closed), "buf")) = core.submit(old, recv_wr(), "buf")
+    else {
+        panic!("submit with a payload on a removed queue pair must give it back");
+    };
+    assert_eq!(core.outstanding(new), 0);
+    assert!(take(&mut core, old).is_empty());
+
+    // Failing or abandoning the stale key touches nothing of the new queue pair.
+    let r = submit(&mut core, new, recv_wr(), "new-recv");
+    let mut out = Completed::default();
+    core.fail_qp(old, QpFailure::Flushed, &mut out);
+    core.abandon_qp(old, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert!(core.failure(new).is_none());
+    assert_eq!(ids(&take(&mut core, new)), [r]);
+    assert_eq!(core.posted(new), 1);
+}
+
+#[test]
+fn generations_wrap_only_after_many_reuses() {
+    let mut core: Core<()> = Core::new();
+    let first = core.add_qp(QpConfig::new(1, 1, 1)).unwrap();
+    assert!(core.remove_qp(first));
+    let mut seen = vec![first];
+    for _ in 0..2000 {
+        let k = core.add_qp(QpConfig::new(1, 1, 1)).unwrap();
+        assert!(!seen.contains(&k), "key {k:?} reused within 2000 generations");
+        seen.push(k);
+        assert!(core.remove_qp(k));
+    }
 }

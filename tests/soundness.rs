@@ -1,0 +1,122 @@
+//! Device tests of ownership across the driver's boundary: nothing outside a driver can take
+//! its completions or post under its `wr_id`s, and an operation future that outlives its queue
+//! pair resolves with an error instead of panicking or posting on the queue pair that took its
+//! key. Run in the soft-RoCE VM (`scripts/test`); ignored on hosts without a device.
+#![allow(clippy::print_stdout)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{all_access, async_pair, connect_qps, reg_with, within};
+use tokio_rdma::buf::{Grant, GrantKind, Pool, PoolConfig, RemoteAccess, SizeClass};
+use tokio_rdma::driver::QpOptions;
+use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer, WcBatch};
+use tokio_rdma::{Error, QpFailure};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_driven_completion_queue_refuses_polls_and_events_from_outside() {
+    let p = async_pair();
+    let cq = p.a.verbs().send_cq();
+    let mut batch = WcBatch::with_capacity(4);
+    // At 61ac8ac these succeeded: a poll here takes completions the driver's futures wait for.
+    assert!(
+        matches!(cq.poll(&mut batch), Err(Error::DriverOwned(_))),
+        "poll of the driver's CQ must be refused"
+    );
+    let mut out = [tokio_rdma::verbs::WorkCompletion::synthetic(0, 0, 0); 2];
+    assert!(matches!(cq.poll_into(&mut out), Err(Error::DriverOwned(_))));
+    assert!(matches!(cq.req_notify(false), Err(Error::DriverOwned(_))));
+    assert!(matches!(cq.get_event(), Err(Error::DriverOwned(_))));
+    assert!(p.a.verbs().is_driven());
+
+    // The driver still works, and a plain verbs CQ still polls.
+    let rx = RegisteredBuffer::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let tx = reg_with(&p.pd, b"still driven", AccessFlags::LOCAL_WRITE);
+    let ((r, rx), (s, _)) = within(60, "send/recv", async {
+        tokio::join!(p.b.recv(rx), p.a.send(tx))
+    })
+    .await;
+    s.unwrap();
+    assert_eq!(r.unwrap().len, 12);
+    assert_eq!(&rx.to_vec()[..12], b"still driven");
+    let own = tokio_rdma::verbs::CompletionQueue::new(&p.ctx, 16, None).unwrap();
+    assert!(own.poll(&mut batch).unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn no_memory_window_is_bound_by_hand_on_a_driven_queue_pair() {
+    let p = async_pair();
+    let pool = Pool::with_pd(
+        &p.pd,
+        PoolConfig::default().classes([SizeClass::new(4096, 4)]),
+    )
+    .unwrap();
+    let mut buf = pool.try_acquire(4096).unwrap().unwrap();
+    buf.fill(0);
+    // The bind's completion would reach the driver's table under wr_id 0 (the first
+    // operation's id): refused before anything is posted.
+    let err = Grant::window(p.a.verbs(), buf, 0..4096, RemoteAccess::WRITE, 0, |_| {
+        panic!("nothing may be posted, so nothing is waited for")
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::DriverOwned(_)), "{err}");
+    println!("Grant::window on a driven queue pair: {err}");
+
+    // Grant::new picks a registration there (no work request), and it works.
+    let mut buf = pool.try_acquire(4096).unwrap().unwrap();
+    buf.fill(0);
+    let g = Grant::new(p.a.verbs(), buf, 0..4096, RemoteAccess::WRITE, 0, |_| {
+        panic!("a registration posts nothing")
+    })
+    .unwrap();
+    assert_eq!(g.kind(), GrantKind::Region);
+    assert_eq!(p.driver.stats().unknown, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn an_operation_that_outlives_its_queue_pair_fails_and_touches_no_other() {
+    let p = async_pair();
+    let (ctx, pd, driver) = (p.ctx.clone(), p.pd.clone(), p.driver.clone());
+    // Made on `a`, never polled: it is 'static and may be polled after `a` is gone.
+    let stale = p.a.send(reg_with(&pd, b"stale bytes", AccessFlags::LOCAL_WRITE));
+    drop(p);
+    // Wait until the driver has reaped both queue pairs (their keys are free again).
+    within(60, "queue pairs reaped", async {
+        while driver.stats().queue_pairs != 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // A new pair on the same driver takes the freed indices.
+    let c = driver.create_qp(&pd, QpOptions::default()).unwrap();
+    let d = driver.create_qp(&pd, QpOptions::default()).unwrap();
+    connect_qps(&ctx, c.verbs(), d.verbs(), all_access());
+    let rx = RegisteredBuffer::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut recv = std::pin::pin!(d.recv(rx));
+    // Post the receive (first poll) and leave it waiting.
+    assert!(
+        futures::poll!(recv.as_mut()).is_pending(),
+        "nothing was sent yet"
+    );
+
+    // At 61ac8ac this panicked under the driver's lock ("queue pair is registered"), or posted
+    // the stale bytes on `c`, whose key had taken the old one's place.
+    let (res, _buf) = within(30, "stale send", stale).await;
+    match res {
+        Err(Error::QpFailed(QpFailure::Closed)) => {}
+        other => panic!("a send on a dropped queue pair: {other:?}"),
+    }
+
+    // `d` got nothing from it: the first message it receives is `c`'s own.
+    let tx = reg_with(&pd, b"fresh", AccessFlags::LOCAL_WRITE);
+    let (r, s) = within(60, "fresh send", async { tokio::join!(recv, c.send(tx)) }).await;
+    s.0.unwrap();
+    let (info, rx) = (r.0.unwrap(), r.1);
+    assert_eq!(&rx.to_vec()[..info.len], b"fresh");
+    assert_eq!(driver.stats().unknown, 0);
+}
