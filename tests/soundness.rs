@@ -120,3 +120,71 @@ async fn an_operation_that_outlives_its_queue_pair_fails_and_touches_no_other() 
     assert_eq!(&rx.to_vec()[..info.len], b"fresh");
     assert_eq!(driver.stats().unknown, 0);
 }
+
+/// Application bytes whose owner holds the last handle of a queue pair on the same driver.
+struct Owner {
+    buf: tokio_rdma::buf::PoolBuf,
+    _qp: tokio_rdma::driver::AsyncQp,
+}
+
+impl AsRef<[u8]> for Owner {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn retired_application_bytes_are_dropped_outside_the_drivers_lock() {
+    use tokio_rdma::buf::{PoolConfig, SizeClass};
+    use tokio_rdma::conn::ConnectOptions;
+    let ep = tokio_rdma::Endpoint::open(&common::device_name()).expect("endpoint");
+    let opts = ConnectOptions::default()
+        .rendezvous_threshold(None)
+        .user_pool(PoolConfig::default().classes([SizeClass::new(16 << 10, 4)]));
+    let addr = std::net::SocketAddr::from(([192, 0, 2, 1], 7431));
+    let listener = ep.listen_with(addr, opts.clone()).await.expect("listen");
+    let (c, s) = tokio::join!(ep.connect(addr, opts), listener.accept());
+    let (client, server) = (c.expect("connect"), s.expect("accept"));
+
+    let pd = tokio_rdma::verbs::ProtectionDomain::new(ep.driver().context()).unwrap();
+    let qp = ep.driver().create_qp(&pd, QpOptions::default()).unwrap();
+    let qps_with_it = ep.driver().stats().queue_pairs;
+    let mut buf = client.pool().unwrap().acquire(16 << 10).await.unwrap();
+    buf.set_len(16 << 10);
+    buf.fill(0x42);
+    let before = client.stats();
+    // Sent without copying: the Bytes (and the queue pair its owner holds) live until the
+    // device has read them, and are dropped when a completion retires the send. At 61ac8ac
+    // that drop ran under the driver's lock, and the queue pair's Drop took it again: every
+    // future on the endpoint hung.
+    let bytes = bytes::Bytes::from_owner(Owner { buf, _qp: qp });
+    let (sent, got) = within(60, "zero-copy send", async {
+        tokio::join!(client.send_bytes(bytes), server.recv())
+    })
+    .await;
+    sent.unwrap();
+    let got = got.unwrap().expect("a message");
+    assert!(got.iter().all(|&b| b == 0x42) && got.len() == 16 << 10);
+    assert_eq!(
+        client.stats().send_bytes_zero_copy - before.send_bytes_zero_copy,
+        16 << 10
+    );
+    drop(got);
+    // The endpoint keeps working, and the queue pair goes once its owner is dropped.
+    for k in 0..20u8 {
+        let msg = [k; 64];
+        let (a, b) = within(60, "ping-pong after the drop", async {
+            tokio::join!(client.send(&msg), server.recv())
+        })
+        .await;
+        a.unwrap();
+        assert_eq!(b.unwrap().expect("a message")[0], k);
+    }
+    within(60, "the owner's queue pair reaped", async {
+        while ep.driver().stats().queue_pairs >= qps_with_it {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}

@@ -812,10 +812,20 @@ impl Sink for ConnIo {
             Self::wake_sq(&mut s, wake);
         }
         drop(s);
-        self.drop_retired();
+        // Under the driver's lock: the retired application bytes are dropped once it is
+        // released (their owner may hold the last handle of a queue pair of this driver).
+        if self.has_retired.load(Ordering::Acquire) {
+            if let Some(me) = self.me.upgrade() {
+                wake.after_unlock(me);
+            }
+        }
         if kick || newly_failed {
             self.kick.notify_one();
         }
         failure
+    }
+
+    fn after_unlock(&self) {
+        self.drop_retired();
     }
 }

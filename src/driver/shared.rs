@@ -61,6 +61,10 @@ pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
         qp_failure: Option<&QpFailure>,
         wake: &mut Deferred,
     ) -> Option<QpFailure>;
+
+    /// Called after the driver's lock is released, if `on_completion` asked for it with
+    /// [`Deferred::after_unlock`]: release what must not be dropped under the lock.
+    fn after_unlock(&self) {}
 }
 
 /// A queue pair as the driver tracks it.
@@ -132,13 +136,19 @@ pub(crate) struct Shared {
     pub(crate) srq_limit: Arc<Notify>,
 }
 
-/// Wakers to wake and buffers to drop once the lock is released. Holds up to
-/// [`Deferred::WAKERS`] wakers without allocating; beyond that, wakers are woken at once.
+/// What must happen once the driver's lock is released: wakers to wake, buffers to drop, and
+/// sinks whose owners have memory to release ([`Sink::after_unlock`]). Nothing foreign (a
+/// waker's wake, a payload's or application buffer's drop) runs under the lock: a drop may
+/// release the last handle of a queue pair of this very driver, which takes the lock.
+///
+/// Holds up to [`Deferred::WAKERS`] wakers without allocating; more spill to a vector.
 #[derive(Debug, Default)]
 pub(crate) struct Deferred {
     wakers: [Option<Waker>; Deferred::WAKERS],
     n: usize,
+    more: Vec<Waker>,
     released: Vec<Payload>,
+    sinks: Vec<Arc<dyn Sink>>,
 }
 
 impl Deferred {
@@ -149,7 +159,14 @@ impl Deferred {
             self.wakers[self.n] = Some(w);
             self.n += 1;
         } else {
-            w.wake();
+            self.more.push(w);
+        }
+    }
+
+    /// Calls `sink`'s [`after_unlock`](Sink::after_unlock) once the lock is released.
+    pub(crate) fn after_unlock(&mut self, sink: Arc<dyn Sink>) {
+        if !self.sinks.iter().any(|s| Arc::ptr_eq(s, &sink)) {
+            self.sinks.push(sink);
         }
     }
 
@@ -171,7 +188,13 @@ impl Deferred {
             }
         }
         self.n = 0;
+        for w in self.more.drain(..) {
+            w.wake();
+        }
         self.released.clear();
+        for s in self.sinks.drain(..) {
+            s.after_unlock();
+        }
     }
 }
 
