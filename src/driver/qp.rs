@@ -44,8 +44,19 @@ impl AsyncQp {
         let qp = QueuePair::new_rc(pd, &attr)?;
         qp.set_driven();
         let caps: QpCaps = qp.caps();
+        let mut wake = Deferred::default();
         let key = {
-            let mut st = driver.shared().lock();
+            let shared = driver.shared();
+            let mut st = shared.lock();
+            if srq.is_some() {
+                // Receive completions on a shared receive queue are routed by queue-pair
+                // number. Numbers are reused once a queue pair is destroyed, and a destroyed
+                // one's completions may still wait in the CQ: apply them all now, while this
+                // number maps to nothing (they go back to the queue), so none reaches the new
+                // queue pair. Every one of them is already in the CQ: the old queue pair was
+                // destroyed before its number could be given to this one.
+                while shared.poll_cq(&mut st, &mut wake) > 0 {}
+            }
             let key = st
                 .core
                 .add_qp(QpConfig::new(
@@ -77,6 +88,7 @@ impl AsyncQp {
             });
             key
         };
+        wake.run();
         let span = info_span!("qp", qpn = qp.qpn(), device = driver.context().name());
         span.in_scope(|| debug!(?caps, "queue pair created"));
         Ok(AsyncQp {
