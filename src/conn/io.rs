@@ -787,11 +787,9 @@ impl Sink for ConnIo {
                         if let Held::User(b) = held {
                             self.retire(Retired::Bytes(b));
                         }
-                        match res {
-                            Ok(()) => s.proto.heard(now),
-                            Err(cause) => {
-                                s.proto.fail(cause);
-                            }
+                        // A send's completion is no sign of the peer's life (its NIC acks).
+                        if let Err(cause) = res {
+                            s.proto.fail(cause);
                         }
                     }
                 }

@@ -652,7 +652,8 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             self.fail(cause);
             return;
         }
-        self.heard(now);
+        // Not a sign of life: the peer's NIC (or its kernel, for soft-RoCE) acknowledges a
+        // send even while the peer process is stopped. Only what the peer sends counts.
         if kind == MsgKind::Close {
             self.close_done = true;
             self.wakers.append(&mut self.close_wakers);
@@ -678,7 +679,13 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
                 .error_report_since()
                 .map(|t| t + self.cfg.keepalive_timeout);
         }
-        let deadline = self.waiting_since().map(|t| t + self.cfg.keepalive_timeout);
+        let deadline = [
+            self.waiting_since().map(|t| t + self.cfg.keepalive_timeout),
+            self.silence_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let keepalive = if self.keepalive_due {
             None
         } else {
@@ -704,11 +711,13 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             }
             return;
         }
-        if let Some(since) = self.waiting_since() {
-            if now.saturating_duration_since(since) >= self.cfg.keepalive_timeout {
-                self.fail(QpFailure::KeepaliveTimeout(self.cfg.keepalive_timeout));
-                return;
-            }
+        let waited_out = self
+            .waiting_since()
+            .is_some_and(|since| now.saturating_duration_since(since) >= self.cfg.keepalive_timeout);
+        let silent = self.silence_deadline().is_some_and(|at| now >= at);
+        if waited_out || silent {
+            self.fail(QpFailure::KeepaliveTimeout(self.cfg.keepalive_timeout));
+            return;
         }
         if let Some(at) = self.next_keepalive {
             if now >= at && !self.keepalive_due {
@@ -725,6 +734,16 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         if now > self.last_heard {
             self.last_heard = now;
         }
+    }
+
+    /// With keepalives on, a live peer sends something (its own keepalive at least) every
+    /// `keepalive`: silence for `keepalive + keepalive_timeout` since the last thing received
+    /// means the peer is gone, even when every send of ours completes (a stopped process's
+    /// NIC or kernel still acknowledges them).
+    fn silence_deadline(&self) -> Option<Instant> {
+        self.cfg
+            .keepalive
+            .map(|k| self.last_heard + k + self.cfg.keepalive_timeout)
     }
 
     /// Since when this side has been waiting for the peer without hearing from it: the oldest

@@ -746,6 +746,40 @@ fn an_unanswered_control_message_fails_the_connection_after_the_keepalive_timeou
 }
 
 #[test]
+fn a_stopped_peer_whose_nic_still_acks_is_found_within_keepalive_plus_timeout() {
+    // The peer process is stopped (SIGSTOP): its kernel still acknowledges our sends, so every
+    // keepalive completes successfully, but nothing comes from the peer. At 61ac8ac each
+    // completion counted as a sign of life and the connection failed only once the control
+    // window ran dry (39 s with the 10 s / 10 s defaults).
+    for (k, kt) in [(10, 10), (1, 5), (5, 1), (1, 30)] {
+        let (k, kt) = (Duration::from_secs(k), Duration::from_secs(kt));
+        let cfg = ConnConfig {
+            keepalive: Some(k),
+            keepalive_timeout: kt,
+            ..config(2, 64)
+        };
+        let t0 = Instant::now();
+        let mut p: ConnProto<Vec<u8>> = ConnProto::new(cfg, t0);
+        let n = p.recvs_to_post();
+        p.recvs_posted(n);
+        // The peer was last heard at t0. Drive the timers as the shell does, completing every
+        // transmit successfully at once (acknowledged by the stopped peer's NIC).
+        let bound = t0 + k + kt;
+        let mut now = t0;
+        while p.failure().is_none() {
+            now = p.poll_timeout().expect("a timer while the peer is silent");
+            assert!(now <= bound, "{k:?}/{kt:?}: next deadline {:?} past the bound", now - t0);
+            p.handle_timeout(now);
+            while let Some(t) = p.poll_transmit(now) {
+                p.handle_control_done(t.kind, Ok(()), now);
+            }
+        }
+        assert_eq!(p.failure(), Some(&QpFailure::KeepaliveTimeout(kt)));
+        assert!(now <= bound, "{k:?}/{kt:?}: found after {:?}", now - t0);
+    }
+}
+
+#[test]
 fn a_slow_but_live_peer_is_not_declared_dead() {
     let cfg = ConnConfig {
         keepalive: Some(Duration::from_secs(1)),
