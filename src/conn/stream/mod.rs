@@ -1,0 +1,126 @@
+//! [`RdmaStream`]: a connection as a byte stream (`AsyncRead + AsyncWrite`), so Tokio codecs
+//! and `AsyncReadExt`/`AsyncWriteExt` work unchanged.
+
+mod read;
+mod write;
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::connection::Connection;
+use read::ReadState;
+use write::WriteState;
+
+/// A byte stream over a [`Connection`]: each write becomes one message, reads consume
+/// messages in order across their boundaries. `shutdown` sends end-of-stream (a half-close:
+/// reads go on until the peer shuts down too); a read then returns 0 at the peer. Dropping the
+/// stream closes the connection once the bytes already written are on their way.
+///
+/// # What a write promises
+///
+/// A write that returns `Ok(n)` has accepted `n` bytes: they reach the peer, in order, unless
+/// the connection fails, whether or not the stream is flushed, polled again or dropped (as
+/// with a `TcpStream`, whose kernel keeps sending what `write` accepted). A send that cannot
+/// finish within the write's call goes on as a task of its own on the current Tokio runtime;
+/// the next write, `flush` or `shutdown` waits for it and reports its outcome. `shutdown` may
+/// be called any number of times.
+///
+/// # Examples
+///
+/// ```no_run
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// # async fn demo(conn: tokio_rdma::conn::Connection) -> std::io::Result<()> {
+/// let mut stream = conn.into_stream();
+/// stream.write_all(b"ping").await?;
+/// stream.flush().await?;
+/// let mut buf = [0u8; 4];
+/// stream.read_exact(&mut buf).await?;
+/// stream.shutdown().await?;
+/// # Ok(()) }
+/// ```
+pub struct RdmaStream {
+    conn: Arc<Connection>,
+    rd: ReadState,
+    wr: WriteState,
+}
+
+impl RdmaStream {
+    pub(crate) fn new(conn: Connection) -> RdmaStream {
+        RdmaStream {
+            conn: Arc::new(conn),
+            rd: ReadState::new(),
+            wr: WriteState::new(),
+        }
+    }
+
+    /// The connection underneath.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+impl std::fmt::Debug for RdmaStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaStream")
+            .field("conn", &self.conn)
+            .field("buffered", &self.rd.buffered())
+            .field("eof", &self.rd.eof())
+            .field("shut", &self.wr.is_shut())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncRead for RdmaStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        this.rd.poll_read(&this.conn, cx, out)
+    }
+}
+
+impl AsyncWrite for RdmaStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        this.wr.poll_write(&this.conn, cx, &[io::IoSlice::new(buf)])
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        this.wr.poll_flush(&this.conn, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        this.wr.poll_shutdown(&this.conn, cx)
+    }
+}
+
+/// Makes a `Send` value `Sync` by giving no access to it through a shared reference (the
+/// stream's futures are only ever polled through `&mut`).
+pub(super) struct Exclusive<T>(T);
+
+impl<T> Exclusive<T> {
+    fn new(v: T) -> Exclusive<T> {
+        Exclusive(v)
+    }
+
+    fn get_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+// SAFETY: an `&Exclusive<T>` gives no access to the `T` (every accessor takes `&mut self`), so
+// sharing references between threads shares nothing; moving it to another thread needs
+// `T: Send`.
+unsafe impl<T: Send> Sync for Exclusive<T> {}

@@ -1,0 +1,173 @@
+//! The write side of an [`RdmaStream`](super::RdmaStream): what a `write` returning `Ok(n)`
+//! promises, and how shutdown ends the direction.
+//!
+//! A write copies its bytes into an owned message and starts sending it in the same call.
+//! If the send is not on the device when the call returns (no credits yet, no staging buffer,
+//! more chunks than fit at once), it goes on as a task of its own on the runtime: it makes
+//! progress whether or not anyone polls the stream again, flushes it, or drops it, and it
+//! holds the connection open until the message is on the device. The next write, `flush` or
+//! `shutdown` waits for it (one message in flight per stream: backpressure) and reports its
+//! outcome.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use tokio::task::JoinHandle;
+use tracing::trace;
+
+use super::Exclusive;
+use crate::conn::Connection;
+use crate::error::{Error, Result};
+
+type SendFut = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// The message a write accepted that was not on the device yet when the write returned.
+enum InFlight {
+    /// On the runtime as a task of its own: it completes whether or not the stream is polled
+    /// again (or dropped).
+    Task(JoinHandle<Result<()>>),
+    /// Polled outside a Tokio runtime (nothing to spawn on): driven by the stream's later
+    /// calls, cancelled (the peer discards the partial message) if the stream is dropped first.
+    Local(Exclusive<SendFut>),
+}
+
+/// Where the direction's shutdown stands.
+enum Shutdown {
+    Open,
+    /// End of stream is queued behind the messages already accepted; waiting for the peer's
+    /// acknowledgement.
+    Closing(Exclusive<SendFut>),
+    /// Finished: `Ok`, or the kind of error it ended with (reported again by later calls).
+    Done(std::result::Result<(), io::ErrorKind>),
+}
+
+/// The write side's state (see the module docs).
+pub(super) struct WriteState {
+    inflight: Option<InFlight>,
+    shutdown: Shutdown,
+}
+
+impl WriteState {
+    pub(super) fn new() -> WriteState {
+        WriteState {
+            inflight: None,
+            shutdown: Shutdown::Open,
+        }
+    }
+
+    /// Whether `shutdown` was started (later writes fail with `BrokenPipe`).
+    pub(super) fn is_shut(&self) -> bool {
+        !matches!(self.shutdown, Shutdown::Open)
+    }
+
+    /// Accepts up to the connection's message limit of the bytes in `bufs` as one message.
+    pub(super) fn poll_write(
+        &mut self,
+        conn: &Arc<Connection>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if self.is_shut() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "write after shutdown",
+            )));
+        }
+        ready!(self.poll_flush(conn, cx))?;
+        let limit = usize::try_from(conn.params().max_message_size).unwrap_or(usize::MAX);
+        let n = bufs.iter().map(|b| b.len()).sum::<usize>().min(limit);
+        if n == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        let mut data = Vec::with_capacity(n);
+        for b in bufs {
+            let take = (n - data.len()).min(b.len());
+            data.extend_from_slice(&b[..take]);
+            if data.len() == n {
+                break;
+            }
+        }
+        let c = conn.clone();
+        let mut send: SendFut = Box::pin(async move { c.send(&data).await });
+        // Start it now: the message takes its place in the connection's order (before any
+        // later write or end of stream) in this first poll.
+        match send.as_mut().poll(cx) {
+            Poll::Ready(res) => outcome(res)?,
+            Poll::Pending => self.inflight = Some(spawn(send)),
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Waits for the message in flight and reports its outcome.
+    pub(super) fn poll_flush(
+        &mut self,
+        _conn: &Arc<Connection>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        let res = match self.inflight.as_mut() {
+            None => return Poll::Ready(Ok(())),
+            Some(InFlight::Task(handle)) => match ready!(Pin::new(handle).poll(cx)) {
+                Ok(res) => res,
+                Err(join) => {
+                    self.inflight = None;
+                    return Poll::Ready(Err(io::Error::other(join)));
+                }
+            },
+            Some(InFlight::Local(send)) => ready!(send.get_mut().as_mut().poll(cx)),
+        };
+        self.inflight = None;
+        Poll::Ready(outcome(res))
+    }
+
+    /// Waits for the message in flight, then sends end of stream and waits for its
+    /// acknowledgement. Idempotent: once done, later calls return the same outcome.
+    pub(super) fn poll_shutdown(
+        &mut self,
+        conn: &Arc<Connection>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            match &mut self.shutdown {
+                Shutdown::Done(Ok(())) => return Poll::Ready(Ok(())),
+                Shutdown::Done(Err(kind)) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        *kind,
+                        "the stream's shutdown failed earlier",
+                    )));
+                }
+                Shutdown::Open => {
+                    ready!(self.poll_flush(conn, cx))?;
+                    let c = conn.clone();
+                    self.shutdown =
+                        Shutdown::Closing(Exclusive::new(Box::pin(async move {
+                            c.shutdown().await
+                        })));
+                }
+                Shutdown::Closing(fut) => {
+                    let res = outcome(ready!(fut.get_mut().as_mut().poll(cx)));
+                    self.shutdown = Shutdown::Done(res.as_ref().map(|_| ()).map_err(|e| e.kind()));
+                    return Poll::Ready(res);
+                }
+            }
+        }
+    }
+}
+
+/// Puts a send that is not finished on the runtime, so it progresses on its own.
+fn spawn(send: SendFut) -> InFlight {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => InFlight::Task(rt.spawn(send)),
+        Err(_) => {
+            trace!("stream write outside a Tokio runtime: driven by the stream's next calls");
+            InFlight::Local(Exclusive::new(send))
+        }
+    }
+}
+
+/// A send's outcome as the stream reports it.
+fn outcome(res: Result<()>) -> io::Result<()> {
+    res.map_err(|e: Error| io::Error::from(e))
+}
