@@ -29,6 +29,14 @@ use write::WriteState;
 /// the next write, `flush` or `shutdown` waits for it and reports its outcome. `shutdown` may
 /// be called any number of times.
 ///
+/// One write accepts at most 256 KiB (a larger buffer gives a short count; `write_all`
+/// loops), so one call never holds its worker thread for a whole large message.
+///
+/// After the peer closed its side cleanly (its end of stream arrived) and then disconnected
+/// (it dropped its stream), writes, `flush` and `shutdown` return `Ok` and the bytes are
+/// discarded, as with TCP, whose kernel accepts a write after the peer's FIN. A peer that
+/// failed or vanished without end of stream is an error (`ConnectionReset`, ...).
+///
 /// # Examples
 ///
 /// ```no_run
