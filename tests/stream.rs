@@ -284,7 +284,7 @@ async fn a_large_write_does_not_hold_the_worker() {
     println!(
         "{} MiB in {elapsed:?}; longest poll_write {:?}, largest accepted {} B; \
          ticker: {ticks} ticks, worst {worst_tick:?}",
-        ROUNDS * LEN as u64 >> 20,
+        (ROUNDS * LEN as u64) >> 20,
         w.longest,
         w.largest
     );
@@ -306,4 +306,70 @@ async fn a_large_write_does_not_hold_the_worker() {
         worst_tick < elapsed / 8,
         "the 1 ms ticker was late by {worst_tick:?} (transfer: {elapsed:?})"
     );
+}
+
+/// The stream shaped like a `TcpStream` (issue 24's friction list): `Listener::into_incoming`
+/// as a `Stream` of byte streams, `peer_addr`/`local_addr`, owned halves (`into_split`: the
+/// write half's drop is a half-close, the other direction keeps working, `reunite`), vectored
+/// writes, `AsyncBufRead` over whole messages, and a write after `shutdown` is `BrokenPipe`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn tcp_shaped_api() {
+    use futures::StreamExt;
+    use tokio::io::AsyncBufReadExt;
+    common::init_tracing();
+    let listener = Listener::bind(addr(7606)).await.expect("bind");
+    assert_eq!(listener.local_addr().expect("listener address"), addr(7606));
+    let mut incoming = listener.into_incoming();
+    let server = tokio::spawn(async move {
+        let s = incoming.next().await.expect("an item").expect("accept");
+        assert_eq!(s.local_addr().expect("local"), addr(7606));
+        let (rd, mut wr) = s.into_split();
+        let mut lines = tokio::io::BufReader::new(rd).lines();
+        let mut n = 0;
+        while let Some(line) = lines.next_line().await.expect("line") {
+            wr.write_all(format!("{}:{line}\n", line.len()).as_bytes())
+                .await
+                .expect("reply");
+            n += 1;
+        }
+        // The client's write half was dropped: EOF here; this direction still works.
+        wr.write_all(b"bye\n").await.expect("after the peer's half-close");
+        drop(wr); // half-close: the client reads EOF
+        n
+    });
+    let client = Connection::connect(addr(7606)).await.expect("connect");
+    assert_eq!(client.peer_addr().expect("peer"), addr(7606));
+    let mut s = client.into_stream();
+    assert_eq!(s.peer_addr().expect("peer"), addr(7606));
+    assert!(s.is_write_vectored());
+    // One vectored write: one message, gathered once.
+    let parts = [
+        std::io::IoSlice::new(b"al"),
+        std::io::IoSlice::new(b"pha\nbe"),
+        std::io::IoSlice::new(b"ta\n"),
+    ];
+    let n = s.write_vectored(&parts).await.expect("vectored");
+    assert_eq!(n, 11, "the whole gather list in one message");
+    let (rd, wr) = s.into_split();
+    let mut s = rd.reunite(wr).expect("same stream");
+    s.write_all(b"gamma\n").await.expect("write after reunite");
+    let (rd, wr) = s.into_split();
+    drop(wr); // end of stream after the bytes written
+    let mut rd = tokio::io::BufReader::new(rd);
+    let mut all = String::new();
+    within(60, "replies", rd.read_to_string(&mut all))
+        .await
+        .expect("read");
+    assert_eq!(all, "5:alpha\n4:beta\n5:gamma\nbye\n");
+    assert_eq!(within(60, "server", server).await.expect("server"), 3);
+
+    // Write after shutdown: BrokenPipe, as TcpStream's.
+    let listener = Listener::bind(addr(7607)).await.expect("bind");
+    let accept = tokio::spawn(async move { listener.accept().await.expect("accept") });
+    let mut c = Connection::connect(addr(7607)).await.expect("connect").into_stream();
+    let _server = within(60, "accept", accept).await.expect("accept");
+    c.shutdown().await.expect("shutdown");
+    let err = c.write(b"late").await.expect_err("write after shutdown");
+    assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe, "{err}");
 }
