@@ -7,6 +7,9 @@
 //!   the inline bodies come from rdma-core itself and are never re-implemented in Rust.
 //!
 //! Missing prerequisites stop the build with a message naming the Debian package to install.
+//!
+//! With `DOCS_RS` set (docs.rs, which has no rdma-core headers) it reads no header and compiles
+//! nothing: the bindings committed in `src/sys/bindings_docs_rs.rs` are used instead.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a build script talks to cargo on stdout
 
@@ -18,10 +21,20 @@ const HEADERS: &[(&str, &str)] = &[
     ("rdma/rdma_cma.h", "librdmacm-dev"),
 ];
 
+/// The bindings committed for builds without the rdma-core headers (docs.rs): `bindings.rs`
+/// as this script generates it; `scripts/test` checks they equal freshly generated ones.
+const DOCS_RS_BINDINGS: &str = "src/sys/bindings_docs_rs.rs";
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=LIBCLANG_PATH");
     println!("cargo:rerun-if-env-changed=RDMA_CORE_INCLUDE_DIR");
+    println!("cargo:rerun-if-env-changed=DOCS_RS");
+
+    if env::var_os("DOCS_RS").is_some() {
+        docs_rs();
+        return;
+    }
 
     let include_dirs = include_dirs();
     for (header, package) in HEADERS {
@@ -102,6 +115,20 @@ fn main() {
 
     println!("cargo:rustc-link-lib=dylib=ibverbs");
     println!("cargo:rustc-link-lib=dylib=rdmacm");
+}
+
+/// docs.rs builds the documentation without rdma-core's headers (and links nothing): the
+/// committed bindings stand in for generated ones; no header is read, no C compiled. The
+/// wrappers of the inline verbs are only declared there (their `__extern` link names), which
+/// is all `rustdoc` needs.
+fn docs_rs() {
+    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let src = manifest.join(DOCS_RS_BINDINGS);
+    println!("cargo:rerun-if-changed={}", src.display());
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    if let Err(e) = std::fs::copy(&src, out.join("bindings.rs")) {
+        fail(&format!("DOCS_RS is set but {} cannot be copied: {e}", src.display()));
+    }
 }
 
 /// Include directories to search: `RDMA_CORE_INCLUDE_DIR` first, then the system defaults.

@@ -48,8 +48,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Listening checks the address: it must belong to this endpoint's device.
     let listener = ep.listen(addr).await?;
     println!("listening on {addr}");
-    if listener.local_addr() != Some(addr) {
-        return Err(format!("bound {:?}, asked for {addr}", listener.local_addr()).into());
+    if listener.local_addr()? != addr {
+        return Err(format!("bound {}, asked for {addr}", listener.local_addr()?).into());
     }
 
     // A loopback address is no RDMA address: refused with an error that says what to use.

@@ -92,8 +92,7 @@ pub async fn establish(
             let listener = ep.listen_with(any, opts).await?;
             let cm_port = listener
                 .local_addr()
-                .map(|a| a.port())
-                .ok_or("the listener has no local address")?;
+                .map(|a| a.port())?;
             ctrl.send(&format!("cm {cm_port}")).await?;
             let conn = tokio::time::timeout(Duration::from_secs(60), listener.accept())
                 .await

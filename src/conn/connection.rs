@@ -66,6 +66,7 @@ use crate::verbs::ProtectionDomain;
 pub struct Connection {
     pub(super) shared: Arc<ConnShared>,
     peer: Option<SocketAddr>,
+    local: Option<SocketAddr>,
     span: tracing::Span,
     /// What this side offered in the handshake (one-sided access, atomics).
     pub(super) offered: Flags,
@@ -263,6 +264,7 @@ impl Connection {
         } = starting;
         let parts = raw.into_parts();
         let peer = parts.id.peer_addr();
+        let local = parts.id.local_addr();
         let shared = Arc::new(ConnShared {
             qp: parts.qp,
             pd: parts.pd,
@@ -282,6 +284,7 @@ impl Connection {
         Connection {
             shared,
             peer,
+            local,
             span,
             offered,
             user_pool: OnceLock::new(),
@@ -449,9 +452,36 @@ impl Connection {
         }
     }
 
-    /// The peer's address.
-    pub fn peer_addr(&self) -> Option<SocketAddr> {
-        self.peer
+    /// The peer's address (its IP address on the RDMA link and RDMA CM port), as
+    /// `TcpStream::peer_addr` gives it.
+    ///
+    /// # Errors
+    ///
+    /// `NotConnected` if RDMA CM reported no address for the peer (not seen in practice).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: tokio_rdma::conn::Connection) -> std::io::Result<()> {
+    /// println!("{} -> {}", conn.local_addr()?, conn.peer_addr()?);
+    /// # Ok(()) }
+    /// ```
+    pub fn peer_addr(&self) -> std::io::Result<SocketAddr> {
+        self.peer.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotConnected, "no peer address")
+        })
+    }
+
+    /// This side's address (the IP address of the RDMA device's link and the RDMA CM
+    /// port), as `TcpStream::local_addr` gives it.
+    ///
+    /// # Errors
+    ///
+    /// `NotConnected` if RDMA CM reported no local address (not seen in practice).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.local.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotConnected, "no local address")
+        })
     }
 
     /// The failure that ended this connection, if it failed (a clean close is not a failure).

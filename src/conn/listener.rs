@@ -2,7 +2,9 @@
 //! running at once.
 
 use std::fmt;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +17,7 @@ use super::handshake::HandshakeError;
 use super::options::ConnectOptions;
 use super::raw::{self, RawListener, RawRequest};
 use super::setup;
+use super::stream::RdmaStream;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 
@@ -236,9 +239,46 @@ impl Listener {
         })
     }
 
-    /// The bound address (with the chosen port if bound to port 0).
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.local_addr
+    /// The bound address (with the chosen port if bound to port 0), as
+    /// `TcpListener::local_addr` gives it.
+    ///
+    /// # Errors
+    ///
+    /// `NotConnected` if RDMA CM reported no address for the listening id (not seen in
+    /// practice).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.local_addr.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotConnected, "no local address")
+        })
+    }
+
+    /// The established connections as a [`Stream`](futures::Stream) of byte streams, for
+    /// APIs that take one (tonic's `serve_with_incoming`, `futures`' combinators), as
+    /// `tokio_stream::wrappers::TcpListenerStream` is for a `TcpListener`. Each item is
+    /// [`accept`](Self::accept) then [`Connection::into_stream`]; the stream never ends (a
+    /// failure of the listener itself is an `Err` item).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use futures::StreamExt;
+    /// use tokio::io::AsyncWriteExt;
+    /// use tokio_rdma::conn::Listener;
+    ///
+    /// # async fn demo() -> std::io::Result<()> {
+    /// let listener = Listener::bind("192.0.2.1:7471".parse().unwrap()).await?;
+    /// let mut incoming = listener.into_incoming();
+    /// while let Some(stream) = incoming.next().await {
+    ///     let mut stream = stream?;
+    ///     tokio::spawn(async move { stream.write_all(b"hello\n").await });
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn into_incoming(self) -> Incoming {
+        Incoming {
+            listener: Arc::new(self),
+            accept: None,
+        }
     }
 
     /// Connection requests refused so far: bad or foreign handshakes, a full backlog, and
@@ -284,6 +324,53 @@ impl Listener {
     }
 }
 
+/// The established connections of a [`Listener`] as byte streams: a
+/// [`Stream`](futures::Stream) of `io::Result<RdmaStream>`, from
+/// [`Listener::into_incoming`].
+///
+/// Polling it is cancel safe (it keeps its one [`accept`](Listener::accept) in progress, which
+/// takes a connection from the queue only when it returns it); dropping it drops the listener.
+pub struct Incoming {
+    listener: Arc<Listener>,
+    accept: Option<Pin<Box<dyn Future<Output = Result<Connection>> + Send>>>,
+}
+
+impl Incoming {
+    /// The listener (its address, counters).
+    pub fn listener(&self) -> &Listener {
+        &self.listener
+    }
+}
+
+impl futures::Stream for Incoming {
+    type Item = std::io::Result<RdmaStream>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let accept = this.accept.get_or_insert_with(|| {
+            let listener = this.listener.clone();
+            Box::pin(async move { listener.accept().await })
+        });
+        let res = std::task::ready!(accept.as_mut().poll(cx));
+        this.accept = None;
+        std::task::Poll::Ready(Some(
+            res.map(Connection::into_stream)
+                .map_err(std::io::Error::from),
+        ))
+    }
+}
+
+impl fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Incoming")
+            .field("listener", &self.listener)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Listener {
     fn drop(&mut self) {
         // Dropping the task's future drops its set of handshake tasks, which aborts them
@@ -295,7 +382,7 @@ impl Drop for Listener {
 impl fmt::Debug for Listener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Listener")
-            .field("local_addr", &self.local_addr())
+            .field("local_addr", &self.local_addr)
             .field("pending", &self.pending())
             .field("rejected", &self.rejected())
             .finish_non_exhaustive()

@@ -274,7 +274,15 @@ impl<'a> Progress<'a> {
         // change counts past it): while spinning, `f` (and the state machine's pump behind
         // `with`) runs again only once something changed.
         let mut seen: Option<u64> = None;
+        // The waker `f` registered last: polled with another one (the future moved to another
+        // task, as a stream's write that goes on in a task of its own), `f` must look again to
+        // register it, changed state or not.
+        let mut registered: Option<std::task::Waker> = None;
         std::future::poll_fn(|cx| {
+            if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                registered = Some(cx.waker().clone());
+                seen = None;
+            }
             let conn = &self.conn.shared;
             let io = &conn.io;
             // Looks at the state unless it is unchanged since the last look; then polls the

@@ -23,11 +23,11 @@ mod stream;
 pub mod wire;
 
 pub use connection::{ConnStats, Connection};
-pub use listener::{BACKLOG_FULL_REASON, Listener};
+pub use listener::{BACKLOG_FULL_REASON, Incoming, Listener};
 pub use options::{ConnectOptions, DEFAULT_RENDEZVOUS_THRESHOLD};
 pub use raw::{
     RawAccepting, RawConnection, RawConnector, RawListener, RawOptions, RawReply, RawRequest,
 };
 pub use shared::Message;
 pub use srq::{SrqOptions, SrqStats};
-pub use stream::RdmaStream;
+pub use stream::{OwnedReadHalf, OwnedWriteHalf, RdmaStream, ReuniteError};

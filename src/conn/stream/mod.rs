@@ -2,14 +2,18 @@
 //! and `AsyncReadExt`/`AsyncWriteExt` work unchanged.
 
 mod read;
+mod split;
 mod write;
 
+pub use split::{OwnedReadHalf, OwnedWriteHalf, ReuniteError};
+
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 
 use super::connection::Connection;
 use read::ReadState;
@@ -28,6 +32,14 @@ use write::WriteState;
 /// finish within the write's call goes on as a task of its own on the current Tokio runtime;
 /// the next write, `flush` or `shutdown` waits for it and reports its outcome. `shutdown` may
 /// be called any number of times.
+///
+/// One write accepts at most 256 KiB (a larger buffer gives a short count; `write_all`
+/// loops), so one call never holds its worker thread for a whole large message.
+///
+/// After the peer closed its side cleanly (its end of stream arrived) and then disconnected
+/// (it dropped its stream), writes, `flush` and `shutdown` return `Ok` and the bytes are
+/// discarded, as with TCP, whose kernel accepts a write after the peer's FIN. A peer that
+/// failed or vanished without end of stream is an error (`ConnectionReset`, ...).
 ///
 /// # Examples
 ///
@@ -61,6 +73,44 @@ impl RdmaStream {
     pub fn connection(&self) -> &Connection {
         &self.conn
     }
+
+    /// The peer's address ([`Connection::peer_addr`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::peer_addr`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(stream: &tokio_rdma::conn::RdmaStream) -> std::io::Result<()> {
+    /// println!("{} -> {}", stream.local_addr()?, stream.peer_addr()?);
+    /// # Ok(()) }
+    /// ```
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.conn.peer_addr()
+    }
+
+    /// This side's address ([`Connection::local_addr`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::local_addr`].
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.conn.local_addr()
+    }
+
+    /// The connection underneath, if this stream holds the only reference to it: no write of
+    /// the stream is still in flight (see "What a write promises"; `flush` first) and no
+    /// other handle shares it. Bytes the stream received but nobody read yet are lost.
+    ///
+    /// # Errors
+    ///
+    /// The stream, unchanged, if the connection is still shared.
+    pub fn into_inner(self) -> Result<Connection, RdmaStream> {
+        let RdmaStream { conn, rd, wr } = self;
+        Arc::try_unwrap(conn).map_err(|conn| RdmaStream { conn, rd, wr })
+    }
 }
 
 impl std::fmt::Debug for RdmaStream {
@@ -85,6 +135,19 @@ impl AsyncRead for RdmaStream {
     }
 }
 
+/// The stream holds one whole received message at a time: `poll_fill_buf` hands out the
+/// unread rest of it, without copying.
+impl AsyncBufRead for RdmaStream {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this = self.get_mut();
+        this.rd.poll_fill_buf(&this.conn, cx)
+    }
+
+    fn consume(mut self: Pin<&mut Self>, amt: usize) {
+        self.rd.consume(amt);
+    }
+}
+
 impl AsyncWrite for RdmaStream {
     fn poll_write(
         mut self: Pin<&mut Self>,
@@ -93,6 +156,20 @@ impl AsyncWrite for RdmaStream {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         this.wr.poll_write(&this.conn, cx, &[io::IoSlice::new(buf)])
+    }
+
+    /// Gathers the slices into one message (one copy), up to the write limit.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        this.wr.poll_write(&this.conn, cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -124,3 +201,15 @@ impl<T> Exclusive<T> {
 // sharing references between threads shares nothing; moving it to another thread needs
 // `T: Send`.
 unsafe impl<T: Send> Sync for Exclusive<T> {}
+
+#[cfg(test)]
+mod tests {
+    /// `RdmaStream` and its halves are `Send + Sync`, as `TcpStream` and its halves are.
+    #[test]
+    fn stream_and_halves_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<super::RdmaStream>();
+        check::<super::OwnedReadHalf>();
+        check::<super::OwnedWriteHalf>();
+    }
+}

@@ -20,9 +20,15 @@ use tracing::trace;
 
 use super::Exclusive;
 use crate::conn::Connection;
-use crate::error::{Error, Result};
+use crate::error::{Error, QpFailure, Result};
 
 type SendFut = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// The most one write accepts: one message of at most this size, so one call copies and
+/// posts a bounded amount (a larger write returns a short count, as a socket's does when its
+/// buffer fills) and never holds its worker thread for a whole large message while credits
+/// come back.
+pub(super) const WRITE_MAX: usize = 256 << 10;
 
 /// The message a write accepted that was not on the device yet when the write returned.
 enum InFlight {
@@ -77,7 +83,9 @@ impl WriteState {
             )));
         }
         ready!(self.poll_flush(conn, cx))?;
-        let limit = usize::try_from(conn.params().max_message_size).unwrap_or(usize::MAX);
+        let limit = usize::try_from(conn.params().max_message_size)
+            .unwrap_or(usize::MAX)
+            .min(WRITE_MAX);
         let n = bufs.iter().map(|b| b.len()).sum::<usize>().min(limit);
         if n == 0 {
             return Poll::Ready(Ok(0));
@@ -95,7 +103,7 @@ impl WriteState {
         // Start it now: the message takes its place in the connection's order (before any
         // later write or end of stream) in this first poll.
         match send.as_mut().poll(cx) {
-            Poll::Ready(res) => outcome(res)?,
+            Poll::Ready(res) => outcome(conn, res)?,
             Poll::Pending => self.inflight = Some(spawn(send)),
         }
         Poll::Ready(Ok(n))
@@ -104,7 +112,7 @@ impl WriteState {
     /// Waits for the message in flight and reports its outcome.
     pub(super) fn poll_flush(
         &mut self,
-        _conn: &Arc<Connection>,
+        conn: &Arc<Connection>,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
         let res = match self.inflight.as_mut() {
@@ -119,7 +127,7 @@ impl WriteState {
             Some(InFlight::Local(send)) => ready!(send.get_mut().as_mut().poll(cx)),
         };
         self.inflight = None;
-        Poll::Ready(outcome(res))
+        Poll::Ready(outcome(conn, res))
     }
 
     /// Waits for the message in flight, then sends end of stream and waits for its
@@ -147,7 +155,7 @@ impl WriteState {
                         })));
                 }
                 Shutdown::Closing(fut) => {
-                    let res = outcome(ready!(fut.get_mut().as_mut().poll(cx)));
+                    let res = outcome(conn, ready!(fut.get_mut().as_mut().poll(cx)));
                     self.shutdown = Shutdown::Done(res.as_ref().map(|_| ()).map_err(|e| e.kind()));
                     return Poll::Ready(res);
                 }
@@ -167,7 +175,26 @@ fn spawn(send: SendFut) -> InFlight {
     }
 }
 
-/// A send's outcome as the stream reports it.
-fn outcome(res: Result<()>) -> io::Result<()> {
-    res.map_err(|e: Error| io::Error::from(e))
+/// A send's (or end of stream's) outcome as the stream reports it. After the peer closed its
+/// side cleanly (its end of stream arrived) and then disconnected, what this side sends can
+/// no longer arrive, and TCP still reports success (the kernel accepts a write after the
+/// peer's FIN, and `shutdown` succeeds): so does the stream. The bytes are discarded.
+fn outcome(conn: &Connection, res: Result<()>) -> io::Result<()> {
+    match res {
+        Ok(()) => Ok(()),
+        Err(e) if peer_left_cleanly(conn, &e) => {
+            trace!(error = %e, "the peer closed and left: discarding what this side sends");
+            Ok(())
+        }
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// Whether `e` is the disconnect that follows the peer's clean close (its end of stream was
+/// received), not a failure.
+fn peer_left_cleanly(conn: &Connection, e: &Error) -> bool {
+    matches!(
+        e,
+        Error::QpFailed(QpFailure::Disconnected | QpFailure::Closed)
+    ) && conn.shared.io.lock().proto.peer_closed()
 }
