@@ -737,9 +737,10 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     }
 
     /// With keepalives on, a live peer sends something (its own keepalive at least) every
-    /// `keepalive`: silence for `keepalive + keepalive_timeout` since the last thing received
-    /// means the peer is gone, even when every send of ours completes (a stopped process's
-    /// NIC or kernel still acknowledges them).
+    /// `keepalive` (both ends use the same interval; a peer with a longer one is still heard
+    /// every two of our control messages, when it confirms them): silence for `keepalive +
+    /// keepalive_timeout` since the last thing received means the peer is gone, even when every
+    /// send of ours completes (a stopped process's NIC or kernel still acknowledges them).
     fn silence_deadline(&self) -> Option<Instant> {
         self.cfg
             .keepalive

@@ -779,6 +779,73 @@ fn a_stopped_peer_whose_nic_still_acks_is_found_within_keepalive_plus_timeout() 
     }
 }
 
+/// Moves every transmit of `x` to `y` (and back) at `now` until both are quiet, completing
+/// each send at once, as an idle connection's shells would.
+fn exchange(a: &mut ConnProto<Vec<u8>>, b: &mut ConnProto<Vec<u8>>, now: Instant) {
+    fn one_way(x: &mut ConnProto<Vec<u8>>, y: &mut ConnProto<Vec<u8>>, now: Instant) -> bool {
+        let mut moved = false;
+        while let Some(t) = x.poll_transmit(now) {
+            x.handle_control_done(t.kind, Ok(()), now);
+            y.heard(now);
+            y.handle_recv(Ok((0, Some(t.imm))), Vec::new());
+            let n = y.recvs_to_post();
+            y.recvs_posted(n);
+            moved = true;
+        }
+        moved
+    }
+    while one_way(a, b, now) | one_way(b, a, now) {}
+}
+
+#[test]
+fn live_idle_peers_are_never_declared_dead() {
+    // Both ends idle for a minute of timers; the peer's keepalive is ours, or a longer one
+    // within our keepalive + timeout (it confirms our control messages every two of them).
+    for (ours, theirs) in [((1, 1), (1, 1)), ((10, 10), (10, 10)), ((1, 5), (3, 5)), ((5, 1), (5, 1))] {
+        let cfg = |(k, t): (u64, u64)| ConnConfig {
+            keepalive: Some(Duration::from_secs(k)),
+            keepalive_timeout: Duration::from_secs(t),
+            ..config(2, 64)
+        };
+        let t0 = Instant::now();
+        let mut a: ConnProto<Vec<u8>> = ConnProto::new(cfg(ours), t0);
+        let mut b: ConnProto<Vec<u8>> = ConnProto::new(cfg(theirs), t0);
+        for p in [&mut a, &mut b] {
+            let n = p.recvs_to_post();
+            p.recvs_posted(n);
+        }
+        let mut now = t0;
+        while now < t0 + Duration::from_secs(120) {
+            now = [a.poll_timeout(), b.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min()
+                .expect("keepalive timers");
+            a.handle_timeout(now);
+            b.handle_timeout(now);
+            exchange(&mut a, &mut b, now);
+            assert!(
+                a.failure().is_none() && b.failure().is_none(),
+                "{ours:?}/{theirs:?}: declared dead at {:?}: {:?} {:?}",
+                now - t0,
+                a.failure(),
+                b.failure()
+            );
+        }
+        // Then the peer stops (nothing from it any more; our sends still complete).
+        let stopped = now;
+        let (k, t) = ours;
+        while a.failure().is_none() {
+            now = a.poll_timeout().expect("a timer");
+            a.handle_timeout(now);
+            while let Some(x) = a.poll_transmit(now) {
+                a.handle_control_done(x.kind, Ok(()), now);
+            }
+        }
+        assert!(now - stopped <= Duration::from_secs(k + t), "found after {:?}", now - stopped);
+    }
+}
+
 #[test]
 fn a_slow_but_live_peer_is_not_declared_dead() {
     let cfg = ConnConfig {
