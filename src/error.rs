@@ -664,6 +664,16 @@ pub enum QpFailure {
     /// path to it) is dead although no disconnect arrived.
     #[error("the peer did not answer a keepalive within {0:?}")]
     KeepaliveTimeout(std::time::Duration),
+    /// The Tokio runtime that ran the endpoint's (or driver's) background tasks shut down: no
+    /// completion can wake a waiting operation any more, and no timer or RDMA CM event of the
+    /// connection is handled. Every queue pair of that driver was moved to the error state;
+    /// operations still in flight resolve once their flush completion is polled (the waiting
+    /// future polls for it itself), new ones fail at once.
+    ///
+    /// What to do: keep the runtime that opened the endpoint alive as long as its connections
+    /// are used, or open a new endpoint on the runtime that uses them.
+    #[error("the runtime that ran this endpoint's driver shut down")]
+    DriverStopped,
 }
 
 impl Error {

@@ -20,6 +20,7 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 
 /// Runs the connection until it is torn down.
 pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncChannel) {
+    let _gone = TaskGone(shared.clone());
     let io = &shared.io;
     let mut refill: Option<std::pin::Pin<Box<Acquire>>> = None;
     let mut events_open = true;
@@ -148,4 +149,26 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
         }
     })
     .await;
+}
+
+/// Held by the connection's task. Dropped before the teardown finished, the task was dropped
+/// with its runtime: nothing will run the timers, the CM events or the teardown any more. The
+/// connection fails with [`QpFailure::DriverStopped`] (every waiter wakes with it) and counts
+/// as torn down, so `close()` returns instead of waiting for a task that is gone; its buffers
+/// are released when the connection is dropped.
+struct TaskGone(Arc<ConnShared>);
+
+impl Drop for TaskGone {
+    fn drop(&mut self) {
+        let io = &self.0.io;
+        if io.torn_down.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        debug!("connection task dropped before its teardown (runtime shut down)");
+        io.with(|s| s.proto.fail(QpFailure::DriverStopped));
+        self.0.qp.force_error(QpFailure::DriverStopped);
+        io.torn_down
+            .store(true, std::sync::atomic::Ordering::Release);
+        io.done.notify_waiters();
+    }
 }

@@ -826,4 +826,18 @@ impl Sink for ConnIo {
     fn after_unlock(&self) {
         self.drop_retired();
     }
+
+    fn on_driver_stopped(&self) {
+        let mut wake = Deferred::default();
+        {
+            let mut s = self.lock();
+            self.changes.fetch_add(1, Ordering::Release);
+            s.proto.fail(QpFailure::DriverStopped);
+            Self::wake_sq(&mut s, &mut wake);
+            self.pump(&mut s, Instant::now(), &mut wake);
+        }
+        wake.run();
+        self.drop_retired();
+        self.kick.notify_one();
+    }
 }

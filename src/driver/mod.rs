@@ -230,8 +230,11 @@ impl Driver {
         let alive = Arc::new(());
         let token = alive.clone();
         let task = completion::run(shared.clone());
+        let stop = StopOnDrop(shared.clone());
         tokio::spawn(async move {
             let _token = token;
+            // Dropped with the task: when it ends, or when its runtime shuts down first.
+            let _stop = stop;
             task.await;
         });
         tokio::spawn(events::run(ctx.clone(), Arc::downgrade(&shared)));
@@ -245,7 +248,8 @@ impl Driver {
         })
     }
 
-    /// Whether the completion task still runs (it stops when its runtime shuts down).
+    /// Whether the completion task still runs (it stops when its runtime shuts down; the
+    /// driver's queue pairs then fail with [`QpFailure::DriverStopped`](crate::QpFailure)).
     pub fn is_running(&self) -> bool {
         // The task holds one reference to `alive` and drops it when it ends or is dropped.
         Arc::strong_count(&self.inner.alive) > 1
@@ -373,5 +377,17 @@ impl Driver {
             ops_in_table: ops,
             queue_pairs: qps,
         }
+    }
+}
+
+/// Held by the completion task: when the task goes (its runtime shut down while queue pairs
+/// were still in use), nothing would wake a waiting operation again, so the driver fails its
+/// queue pairs and wakes every waiter ([`Shared::stop`]).
+#[derive(Debug)]
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
     }
 }

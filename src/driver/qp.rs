@@ -200,15 +200,29 @@ impl AsyncQp {
         let _g = self.span.enter();
         self.force_error(QpFailure::Closed);
         let shared = self.shared();
-        super::wait_until(&shared.drained, || {
-            let drained = shared.lock().core.posted(self.key) == 0;
-            if !drained {
-                // The completion task applies the flushes if nobody else polls.
-                shared.notify.notify_one();
+        let stopped = || shared.stopped.load(std::sync::atomic::Ordering::Acquire);
+        let posted = || shared.lock().core.posted(self.key);
+        loop {
+            if stopped() {
+                // No completion task any more (its runtime shut down): apply the flushes here,
+                // yielding between polls.
+                self.poll_completions();
+                if posted() == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+                continue;
             }
-            drained
-        })
-        .await;
+            let notified = shared.drained.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if posted() == 0 {
+                break;
+            }
+            // The completion task applies the flushes if nobody else polls.
+            shared.notify.notify_one();
+            notified.await;
+        }
         debug!("queue pair drained");
         Ok(())
     }

@@ -160,7 +160,9 @@ impl<B: Send + 'static> RawOp<B> {
             waiter.done(shared, *kind);
             return Poll::Ready((outcome, buf));
         }
-        let spin = waiter.keep_spinning(shared, *kind);
+        // With the completion task gone (its runtime shut down) nobody would wake a sleeper:
+        // keep polling in place until the flush completion arrives.
+        let spin = waiter.keep_spinning(shared, *kind) || shared.stopped.load(Ordering::Acquire);
         if !spin {
             // Sleep: the waker is registered under the lock, so a completion applied by anyone
             // after this point wakes us.

@@ -65,6 +65,10 @@ pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
     /// Called after the driver's lock is released, if `on_completion` asked for it with
     /// [`Deferred::after_unlock`]: release what must not be dropped under the lock.
     fn after_unlock(&self) {}
+
+    /// The driver's completion task is gone (its runtime shut down): fail, and wake every
+    /// waiter, which polls the completion queue itself from now on. Called without the lock.
+    fn on_driver_stopped(&self) {}
 }
 
 /// A queue pair as the driver tracks it.
@@ -127,6 +131,8 @@ pub(crate) struct Shared {
     /// Signalled after completions were applied while some queue pair is closing.
     pub(crate) drained: Notify,
     pub(crate) shutdown: AtomicBool,
+    /// The completion task is gone (its runtime shut down): see [`Shared::stop`].
+    pub(crate) stopped: AtomicBool,
     /// Some queue pair is closing: reap it once drained.
     pub(crate) closing: AtomicBool,
     pub(crate) counters: Counters,
@@ -224,6 +230,7 @@ impl Shared {
             notify_events: Notify::new(),
             drained: Notify::new(),
             shutdown: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             counters: Counters::default(),
             cq_budget: Mutex::new(0),
@@ -378,6 +385,34 @@ impl Shared {
     pub(crate) fn has_outstanding(&self) -> bool {
         let st = self.lock();
         st.core.ops_in_table() > 0 || st.qps.iter().flatten().any(|e| e.sink.is_some())
+    }
+
+    /// The completion task is gone: nothing will wake a sleeping operation on a completion
+    /// again. Every queue pair fails with [`QpFailure::DriverStopped`] (and moves to ERR, so its
+    /// posted requests flush), every waiter is woken, and from now on waiting futures poll the
+    /// CQ themselves instead of sleeping (`RawOp`, `AsyncQp::close`).
+    pub(crate) fn stop(&self) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut wake = Deferred::default();
+        let sinks: Vec<Arc<dyn Sink>> = {
+            let mut st = self.lock();
+            let keys: Vec<QpKey> = st.qps.iter().flatten().map(|e| e.key).collect();
+            for k in keys {
+                st.fail(k, QpFailure::DriverStopped, &mut wake);
+            }
+            let mut out = std::mem::take(&mut st.out);
+            st.core.take_all_wakers(&mut out);
+            wake.take_from(&mut out);
+            st.out = out;
+            st.qps.iter().flatten().filter_map(|e| e.sink.clone()).collect()
+        };
+        wake.run();
+        for s in sinks {
+            s.on_driver_stopped();
+        }
+        self.drained.notify_waiters();
     }
 
     /// A future stopped polling the CQ itself: if it was the last, let the completion task

@@ -628,6 +628,16 @@ impl<P> Core<P> {
         }
     }
 
+    /// Hands every registered waker to `out` (for a driver that can no longer wake them on
+    /// completions: each future polls again and sees the new state).
+    pub fn take_all_wakers(&mut self, out: &mut Completed<P>) {
+        for id in self.table.ids_where(|e| e.waker.is_some()) {
+            if let Some(w) = self.table.get_mut(id).and_then(|e| e.waker.take()) {
+                out.wakers.push(w);
+            }
+        }
+    }
+
     fn finish(&mut self, wr_id: u64, outcome: Result<OpInfo, Error>, out: &mut Completed<P>) {
         let Some(entry) = self.table.get_mut(wr_id) else {
             return;
