@@ -654,6 +654,14 @@ pub enum QpFailure {
     /// path to it) is dead although no disconnect arrived.
     #[error("the peer did not answer a keepalive within {0:?}")]
     KeepaliveTimeout(std::time::Duration),
+    /// This side closed, and what had to go out before end of stream (messages waiting for
+    /// credits, rendezvous messages the peer had not read) did not within the close timeout
+    /// (`ConnectOptions::close_timeout`): the peer is alive but does not take them. The
+    /// connection was torn down without a clean end of stream, and their memory released.
+    #[error(
+        "end of stream could not go out within {0:?} of the close: the peer did not take what was still to send"
+    )]
+    CloseTimeout(std::time::Duration),
 }
 
 impl Error {
@@ -685,7 +693,9 @@ impl From<Error> for io::Error {
             Error::QpFailed(QpFailure::Protocol(_) | QpFailure::PeerReported(_)) => {
                 io::ErrorKind::InvalidData
             }
-            Error::QpFailed(QpFailure::KeepaliveTimeout(_)) => io::ErrorKind::TimedOut,
+            Error::QpFailed(QpFailure::KeepaliveTimeout(_) | QpFailure::CloseTimeout(_)) => {
+                io::ErrorKind::TimedOut
+            }
             Error::Timeout { .. } => io::ErrorKind::TimedOut,
             Error::QpFailed(QpFailure::Disconnected) => io::ErrorKind::ConnectionReset,
             Error::Unsupported(_) => io::ErrorKind::Unsupported,

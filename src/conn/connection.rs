@@ -106,8 +106,10 @@ pub struct ConnStats {
     /// again held by the application, and the control receives). Its `bytes_registered` is
     /// the registered receive memory of this connection (pages rounded up).
     pub recv_pool: PoolMetrics,
-    /// The connection's send staging pool, registered once at setup: `(send_credits + 1)`
-    /// buffers of the peer's receive buffer size.
+    /// The connection's send staging pool, registered once at setup: `min(send_credits,
+    /// max_staged_chunks, send-queue share) + 1` buffers of the chunk size,
+    /// `min(peer's recv_buf_size, max_send_chunk)` ([`ConnectOptions::max_staged_chunks`],
+    /// [`ConnectOptions::max_send_chunk`]): local limits, whatever the peer announced.
     pub staging_pool: PoolMetrics,
 }
 
@@ -206,12 +208,10 @@ impl Connection {
             keepalive: opts.keepalive,
             keepalive_timeout: opts.keepalive_timeout,
             rendezvous: negotiated.rendezvous,
+            close_timeout: opts.close_timeout,
         };
-        let staging_count = negotiated.send_credits + 1;
-        let staging = Pool::with_pd(
-            pd,
-            setup::staging_pool_config(negotiated.max_send_size, negotiated.send_credits),
-        )?;
+        let staging_count = setup::staging_buffers(&negotiated, opts);
+        let staging = Pool::with_pd(pd, setup::staging_pool_config(&negotiated, opts))?;
         let io = Arc::new_cyclic(|me| {
             ConnIo::new(
                 IoConfig {

@@ -24,7 +24,9 @@ pub mod wire;
 
 pub use connection::{ConnStats, Connection};
 pub use listener::{BACKLOG_FULL_REASON, Listener};
-pub use options::{ConnectOptions, DEFAULT_RENDEZVOUS_THRESHOLD};
+pub use options::{
+    ConnectOptions, DEFAULT_MAX_SEND_CHUNK, DEFAULT_MAX_STAGED_CHUNKS, DEFAULT_RENDEZVOUS_THRESHOLD,
+};
 pub use raw::{
     RawAccepting, RawConnection, RawConnector, RawListener, RawOptions, RawReply, RawRequest,
 };
