@@ -13,6 +13,7 @@ use tracing::{Instrument, debug, info_span};
 use super::driver;
 use super::handshake::{Flags, Negotiated};
 use super::io::{ConnIo, IoConfig};
+use super::memory::Reservation;
 use super::options::ConnectOptions;
 use super::raw::RawConnection;
 use super::setup;
@@ -126,6 +127,7 @@ fn max_read(pd: &ProtectionDomain) -> u64 {
 /// A connection whose receives are posted, waiting for the CM handshake to complete.
 pub(crate) struct Starting {
     io: Arc<ConnIo>,
+    memory: Reservation,
     negotiated: Negotiated,
     offered: Flags,
     user_pool_config: PoolConfig,
@@ -189,14 +191,17 @@ impl Connection {
 
     /// Setup, phase 1 (before the peer learns this side's credits): builds the state machine
     /// on `qp` (in `pd`, with the private buffers of `pool`) and posts its receives.
+    /// `receive`: the receive pool, the claim on the shared receive queue if it receives
+    /// there, and the connection's reservation in its endpoint's memory budget (held as long
+    /// as the connection's state).
     pub(crate) fn start(
         qp: &AsyncQp,
         pd: &ProtectionDomain,
-        pool: Pool,
-        srq: Option<SrqShare>,
+        receive: (Pool, Option<SrqShare>, Reservation),
         negotiated: Negotiated,
         opts: &ConnectOptions,
     ) -> Result<Starting> {
+        let (pool, srq, memory) = receive;
         let cfg = ConnConfig {
             send_credits: negotiated.send_credits,
             send_initial: negotiated.send_initial_credits,
@@ -240,6 +245,7 @@ impl Connection {
         debug_assert!(!short, "the private pool covers the initial receives");
         Ok(Starting {
             io,
+            memory,
             negotiated,
             offered: opts.params.flags,
             user_pool_config: opts.user_pool.clone(),
@@ -257,6 +263,7 @@ impl Connection {
     ) -> Connection {
         let Starting {
             io,
+            memory,
             negotiated,
             offered,
             user_pool_config,
@@ -268,6 +275,7 @@ impl Connection {
             pd: parts.pd,
             params: negotiated,
             io,
+            _memory: memory,
         });
         if parts.peer_gone {
             shared.qp.force_error(crate::QpFailure::Disconnected);

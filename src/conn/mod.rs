@@ -11,6 +11,7 @@ mod driver;
 pub mod handshake;
 mod io;
 mod listener;
+pub(crate) mod memory;
 mod messages;
 mod one_sided;
 mod options;

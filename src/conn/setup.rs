@@ -267,6 +267,22 @@ pub(crate) fn staging_pool_config(n: &Negotiated, opts: &ConnectOptions) -> Pool
     )])
 }
 
+/// Registered bytes of a connection's own buffers that the endpoint's memory budget counts:
+/// its private receive pool (none on a shared receive queue, whose buffers the endpoint
+/// already has) and its send staging pool.
+pub(crate) fn pool_bytes(n: &Negotiated, opts: &ConnectOptions, shared_recv: bool) -> u64 {
+    let class = |size: u32, count: u32| u64::from(size) * u64::from(count);
+    let recv = if shared_recv {
+        0
+    } else {
+        class(
+            opts.params.recv_buf_size,
+            2 * opts.params.recv_credits + CONTROL_RECVS,
+        )
+    };
+    recv + class(n.max_send_size, staging_buffers(n, opts))
+}
+
 /// Refuses local limits that cannot work.
 fn check_limits(opts: &ConnectOptions) -> Result<()> {
     if opts.max_send_chunk < handshake::MIN_RECV_BUF_SIZE {
@@ -316,9 +332,17 @@ pub(crate) async fn connect(
     let reply = connector.connect(&hs).await?;
     let remote = Params::decode(reply.private_data())?;
     let negotiated = negotiate(&opts, &remote)?;
+    // The endpoint's budget, before any pool is made.
+    let memory = endpoint.reserve_memory(pool_bytes(&negotiated, &opts, srq.is_some()))?;
     // Receives are posted before the peer learns our credits (before establish).
     let (pool, share) = receive_side(reply.pd(), &local, srq.as_ref())?;
-    let starting = Connection::start(reply.qp(), reply.pd(), pool, share, negotiated, &opts)?;
+    let starting = Connection::start(
+        reply.qp(),
+        reply.pd(),
+        (pool, share, memory),
+        negotiated,
+        &opts,
+    )?;
     Ok(Connection::established(starting, reply.establish()?, span))
 }
 
@@ -360,6 +384,10 @@ pub(crate) async fn accept(
     let mut raw_opts = raw_options(opts, opts.handshake_timeout).map_err(|e| reject(id, e))?;
     raw_opts.shared_recv = srq.is_some();
     let endpoint = choice.endpoint_for(id, opts).map_err(|e| reject(id, e))?;
+    // The endpoint's budget, before the queue pair or any pool is made.
+    let memory = endpoint
+        .reserve_memory(pool_bytes(&negotiated, opts, srq.is_some()))
+        .map_err(|e| reject(id, e))?;
     // On failure the request is rejected with the reason.
     let accepting = request.prepare_on(&endpoint, raw_opts)?;
     let id = accepting.request().id();
@@ -368,8 +396,7 @@ pub(crate) async fn accept(
     let starting = Connection::start(
         accepting.qp(),
         accepting.pd(),
-        pool,
-        share,
+        (pool, share, memory),
         negotiated,
         opts,
     )
@@ -438,6 +465,20 @@ mod tests {
         assert_eq!(
             staging_bytes(&few, &hostile(63, 16 << 20)),
             11 * u64::from(DEFAULT_MAX_SEND_CHUNK)
+        );
+    }
+
+    #[test]
+    fn the_memory_budget_counts_both_pools() {
+        let opts = ConnectOptions::default();
+        let n = negotiate(&opts, &hostile(63, 16 << 20)).expect("negotiate");
+        let recv = 35 * (64 << 10);
+        let staging = 33 * u64::from(DEFAULT_MAX_SEND_CHUNK);
+        assert_eq!(pool_bytes(&n, &opts, false), recv + staging);
+        assert_eq!(
+            pool_bytes(&n, &opts, true),
+            staging,
+            "the shared queue is the endpoint's"
         );
     }
 
