@@ -13,7 +13,9 @@
 //!
 //! And a live peer that takes a rendezvous descriptor and never reads it (never sends
 //! `Fetched`) cannot keep this side's registration, its `close()` and its connection task
-//! beyond `ConnectOptions::close_timeout` (on 61ac8ac the close never resolved).
+//! beyond `ConnectOptions::close_timeout` (on 61ac8ac the close never resolved). On an
+//! endpoint with a shared receive queue, a peer that overruns its credits takes no shared
+//! buffer once the overrun was seen.
 #![allow(clippy::print_stdout)]
 
 #[path = "common/hostile_bench.rs"]
@@ -35,9 +37,9 @@ use tokio_rdma::conn::handshake::Flags;
 use tokio_rdma::conn::wire::CONTROL_RECVS;
 use tokio_rdma::conn::wire::{MsgHeader, MsgKind};
 use tokio_rdma::conn::{
-    ConnectOptions, Connection, DEFAULT_MAX_SEND_CHUNK, DEFAULT_MAX_STAGED_CHUNKS,
+    ConnectOptions, Connection, DEFAULT_MAX_SEND_CHUNK, DEFAULT_MAX_STAGED_CHUNKS, SrqOptions,
 };
-use tokio_rdma::{Error, QpFailure};
+use tokio_rdma::{Endpoint, EndpointOptions, Error, QpFailure};
 
 const MIB: u64 = 1 << 20;
 /// Pools are registered in whole 2 MiB huge pages where available: up to 2 MiB more per size
@@ -320,4 +322,129 @@ async fn a_live_peer_that_never_reads_a_rendezvous_message_cannot_hold_the_close
     bench
         .survived("a dropped connection with an unread rendezvous message")
         .await;
+}
+
+/// On a shared receive queue every SEND of a peer takes a shared buffer, credits or not. A
+/// peer that sends beyond its credits is caught when the completion of its first excess SEND
+/// is processed: from then on its queue pair is in the error state and consumes nothing of the
+/// shared queue, even while its error report cannot go out (this peer posts no receive for
+/// it). On 61ac8ac the queue pair stayed ready until the report completed or the keepalive
+/// timeout passed, and every later SEND took a shared buffer from the other connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn an_overrunning_peer_on_a_shared_receive_queue_takes_nothing_after_detection() {
+    common::init_tracing();
+    const BUFFERS: u32 = 64;
+    const AFTER: usize = 10;
+    let ep = Endpoint::open_with(
+        &common::device_name(),
+        EndpointOptions::default()
+            .shared_receive_queue(SrqOptions::default().buffers(BUFFERS).buffer_size(4096)),
+    )
+    .expect("endpoint with a shared receive queue");
+    // The application holds what it receives and the budget is 0: no credit goes back, so
+    // the chunk past the initial credits is an overrun whatever the timing.
+    let server_opts = opts(8, 4096, 4096).recv_budget(0);
+    let a = addr(7383);
+    let listener = ep.listen_with(a, server_opts).await.expect("listen");
+    let (good, good_srv) = tokio::join!(
+        within(
+            60,
+            "connect",
+            Connection::connect_with(a, opts(8, 4096, 4096))
+        ),
+        within(60, "accept", listener.accept()),
+    );
+    let (good, good_srv) = (good.expect("connect"), good_srv.expect("accept"));
+    let echo = |n: u8| {
+        let (good, good_srv) = (&good, &good_srv);
+        async move {
+            good.send(&[n; 100]).await.expect("good send");
+            let m = good_srv
+                .recv()
+                .await
+                .expect("good recv")
+                .expect("a message");
+            assert_eq!(&m[..], &[n; 100]);
+        }
+    };
+    within(60, "echo before", echo(1)).await;
+    let baseline = settled_counts().await;
+
+    // The raw peer never confirms the server's control messages: once three are
+    // unconfirmed the server's control window is full and its error report cannot go out.
+    let mut raw = RawOpts::new(raw_params(8, 4096, 4096));
+    raw.confirm = false;
+    let (peer, conn) = tokio::join!(
+        blocking(move || RawPeer::connect(a, raw)),
+        within(60, "accept the raw peer", listener.accept()),
+    );
+    let conn = conn.expect("accept the raw peer");
+    let server = collect(conn);
+    let (mut peer, credits) = blocking(move || {
+        let mut peer = peer;
+        // The floor's credits are granted in the handshake, more right after (as returns).
+        peer.wait_until(Duration::from_secs(2), |p| p.controls_received > 0);
+        while peer.controls_received < 3 {
+            // Two control messages of ours make the server owe a confirmation.
+            let seen = peer.controls_received;
+            peer.send_control(MsgKind::Credit);
+            peer.send_control(MsgKind::Credit);
+            assert!(
+                peer.wait_until(Duration::from_secs(30), |p| p.controls_received > seen),
+                "a confirmation from the server"
+            );
+        }
+        // The raw peer counts the announced depth as its start; the server granted the floor.
+        let n = &peer.negotiated;
+        let credits = peer.credits - i64::from(n.send_credits - n.send_initial_credits);
+        println!(
+            "  raw peer: {credits} credits, {} server control messages unconfirmed",
+            peer.controls_received
+        );
+        for i in 0..=credits {
+            peer.send_chunk(MsgKind::Last, 4096, i as u8);
+        }
+        (peer, credits)
+    })
+    .await;
+    let (msgs, end, _, conn) = within(60, "server", server).await.expect("server task");
+    println!("overrun on the shared queue: server recv() -> {end:?}");
+    assert!(
+        is_protocol(&end, tokio_rdma::ProtocolError::CreditOverrun),
+        "{end:?}"
+    );
+    assert_eq!(msgs.len() as i64, credits);
+    let taken_before = ep.shared_receive_stats().expect("srq").posted;
+    // Detected. More SENDs: none may take a shared buffer.
+    peer = blocking(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        for i in 0..AFTER {
+            peer.send_chunk(MsgKind::Last, 4096, i as u8);
+        }
+        assert!(peer.wait_sends(Duration::from_secs(60)), "sends unresolved");
+        peer
+    })
+    .await;
+    let failed = peer
+        .log
+        .iter()
+        .filter(|s| matches!(s, Seen::SendFailed(_)))
+        .count();
+    println!(
+        "  {AFTER} SENDs after the detection: {failed} failed ({:?}); receives on the shared queue {taken_before} -> {}",
+        peer.send_failed(),
+        ep.shared_receive_stats().expect("srq").posted
+    );
+    assert_eq!(
+        failed, AFTER,
+        "every SEND after the detection was refused by the device, none took a shared buffer"
+    );
+    within(60, "echo after", echo(2)).await;
+    drop((msgs, conn));
+    blocking(move || drop(peer)).await;
+    within(60, "echo after teardown", echo(3)).await;
+    back_to(&baseline, "an overrun on the shared receive queue").await;
+    let s = ep.shared_receive_stats().expect("srq");
+    assert_eq!(s.connections, 1, "{s:?}");
 }
