@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::conn::memory::{MemoryBudget, Reservation};
 use crate::conn::raw::listen_on;
 use crate::conn::srq::SharedRecv;
 use crate::conn::{
@@ -18,8 +19,8 @@ use crate::driver::{CompletionMode, Driver, DriverOptions, DriverStats};
 use crate::error::{Error, Result};
 use crate::verbs::{Context, PortState};
 
-/// Device-level options of an [`Endpoint`]: how futures wait for completions, and the
-/// completion queue's size.
+/// Device-level options of an [`Endpoint`]: how futures wait for completions, the
+/// completion queue's size, a shared receive queue, and the memory budget of its connections.
 ///
 /// # Examples
 ///
@@ -48,6 +49,37 @@ pub struct EndpointOptions {
     /// A shared receive queue for the endpoint's message connections (default: none, every
     /// connection has receive buffers of its own). See [`shared_receive_queue`](Self::shared_receive_queue).
     pub shared_receive_queue: Option<SrqOptions>,
+    /// Registered bytes the endpoint's message connections may hold in their own pools
+    /// (receive and send staging) together; `None`: no limit. Default
+    /// [`DEFAULT_MEMORY_BUDGET`] (1 GiB). See [`memory_budget`](Self::memory_budget).
+    pub memory_budget: Option<u64>,
+}
+
+/// The default [`EndpointOptions::memory_budget`]: 1 GiB, some 300 connections with default
+/// options (3.25 MiB each), or 98 whose peers announce the largest buffers a handshake allows
+/// (10.44 MiB each under the default `max_send_chunk` and `max_staged_chunks`).
+pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
+
+/// The memory budget of an [`Endpoint`] now ([`Endpoint::memory_stats`]).
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn f(ep: &tokio_rdma::Endpoint) {
+/// let m = ep.memory_stats();
+/// println!("{} of {:?} bytes in use, {} connections refused", m.in_use, m.budget, m.refused);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// The budget ([`EndpointOptions::memory_budget`]).
+    pub budget: Option<u64>,
+    /// Bytes the endpoint's message connections hold in their pools now (reserved at
+    /// admission, given back when a connection's state is gone).
+    pub in_use: u64,
+    /// Connections refused with [`Error::MemoryBudgetExhausted`] so far.
+    pub refused: u64,
 }
 
 impl Default for EndpointOptions {
@@ -58,6 +90,7 @@ impl Default for EndpointOptions {
             cq_size: None,
             poll_batch: d.poll_batch,
             shared_receive_queue: None,
+            memory_budget: Some(DEFAULT_MEMORY_BUDGET),
         }
     }
 }
@@ -107,6 +140,31 @@ impl EndpointOptions {
     /// ```
     pub fn shared_receive_queue(mut self, opts: SrqOptions) -> Self {
         self.shared_receive_queue = Some(opts);
+        self
+    }
+
+    /// Bounds the registered memory of the endpoint's message connections: each connection
+    /// reserves, before its pools are made, its private receive pool
+    /// (`(2 x recv_credits + 3) x recv_buf_size`; nothing on a shared receive queue, whose
+    /// buffers are the endpoint's own) and its send staging pool
+    /// (`(min(peer's credits, max_staged_chunks, send-queue share) + 1) x min(peer's
+    /// recv_buf_size, max_send_chunk)`), and gives it back when its state is gone. A connection
+    /// that would exceed the budget is refused before anything of it is registered:
+    /// [`Error::MemoryBudgetExhausted`] on this side, [`Error::ConnectionRejected`] with that
+    /// text on the peer's. `None`: no limit. Not counted: the application's own pools
+    /// ([`Connection::pool`]), registration caches, and the one rendezvous message a
+    /// connection may be reading at a time (at most its `max_message_size`, registered for
+    /// the read only); see `docs/security.md`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::EndpointOptions;
+    /// let opts = EndpointOptions::default().memory_budget(Some(256 << 20));
+    /// assert_eq!(opts.memory_budget, Some(256 << 20));
+    /// ```
+    pub fn memory_budget(mut self, bytes: Option<u64>) -> Self {
+        self.memory_budget = bytes;
         self
     }
 
@@ -173,6 +231,7 @@ struct Inner {
     driver: Driver,
     opts: EndpointOptions,
     srq: Option<Arc<SharedRecv>>,
+    memory: Arc<MemoryBudget>,
 }
 
 impl Endpoint {
@@ -247,6 +306,7 @@ impl Endpoint {
             inner: Arc::new(Inner {
                 ctx,
                 driver,
+                memory: MemoryBudget::new(opts.memory_budget),
                 opts,
                 srq,
             }),
@@ -375,6 +435,21 @@ impl Endpoint {
     /// ```
     pub fn shared_receive_stats(&self) -> Option<SrqStats> {
         self.inner.srq.as_ref().map(|s| s.stats())
+    }
+
+    /// The endpoint's memory budget now ([`EndpointOptions::memory_budget`]).
+    pub fn memory_stats(&self) -> MemoryStats {
+        let m = &self.inner.memory;
+        MemoryStats {
+            budget: self.inner.opts.memory_budget,
+            in_use: m.in_use(),
+            refused: m.refused(),
+        }
+    }
+
+    /// Reserves `bytes` of the memory budget for a connection.
+    pub(crate) fn reserve_memory(&self, bytes: u64) -> Result<Reservation> {
+        self.inner.memory.reserve(bytes)
     }
 
     pub(crate) fn shared_recv(&self) -> Option<&Arc<SharedRecv>> {

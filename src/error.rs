@@ -389,6 +389,26 @@ pub enum Error {
         /// What the refused connection needed.
         floor: u32,
     },
+    /// The endpoint's memory budget ([`EndpointOptions::memory_budget`](crate::EndpointOptions::memory_budget))
+    /// cannot take another connection: the registered receive and staging pools of the
+    /// connections it carries (`in_use` bytes) plus this one's (`needed`) would exceed it.
+    /// The connection was refused before its pools were made; a client sees a server's
+    /// refusal as [`Error::ConnectionRejected`] with this text.
+    ///
+    /// What to do: raise the budget, make connections smaller (`recv_credits`,
+    /// `recv_buf_size`, `max_send_chunk`, `max_staged_chunks`), or close idle connections.
+    #[error(
+        "the endpoint's memory budget cannot take another connection: {in_use} of {budget} \
+         bytes in use, {needed} needed"
+    )]
+    MemoryBudgetExhausted {
+        /// The endpoint's budget, bytes.
+        budget: u64,
+        /// Bytes the endpoint's connections hold.
+        in_use: u64,
+        /// Bytes the refused connection needed.
+        needed: u64,
+    },
     /// The device, or the buffer, does not support what was asked.
     ///
     /// What to do: do without the feature the message names, or use a device that has it.
@@ -674,6 +694,14 @@ pub enum QpFailure {
     /// are used, or open a new endpoint on the runtime that uses them.
     #[error("the runtime that ran this endpoint's driver shut down")]
     DriverStopped,
+    /// This side closed, and what had to go out before end of stream (messages waiting for
+    /// credits, rendezvous messages the peer had not read) did not within the close timeout
+    /// (`ConnectOptions::close_timeout`): the peer is alive but does not take them. The
+    /// connection was torn down without a clean end of stream, and their memory released.
+    #[error(
+        "end of stream could not go out within {0:?} of the close: the peer did not take what was still to send"
+    )]
+    CloseTimeout(std::time::Duration),
 }
 
 impl Error {
@@ -705,11 +733,15 @@ impl From<Error> for io::Error {
             Error::QpFailed(QpFailure::Protocol(_) | QpFailure::PeerReported(_)) => {
                 io::ErrorKind::InvalidData
             }
-            Error::QpFailed(QpFailure::KeepaliveTimeout(_)) => io::ErrorKind::TimedOut,
+            Error::QpFailed(QpFailure::KeepaliveTimeout(_) | QpFailure::CloseTimeout(_)) => {
+                io::ErrorKind::TimedOut
+            }
             Error::Timeout { .. } => io::ErrorKind::TimedOut,
             Error::QpFailed(QpFailure::Disconnected) => io::ErrorKind::ConnectionReset,
             Error::Unsupported(_) => io::ErrorKind::Unsupported,
-            Error::ReceiveBudgetExhausted { .. } => io::ErrorKind::OutOfMemory,
+            Error::ReceiveBudgetExhausted { .. } | Error::MemoryBudgetExhausted { .. } => {
+                io::ErrorKind::OutOfMemory
+            }
             Error::MemlockExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::QpFailed(QpFailure::WorkCompletion { status, .. }) => status.io_kind(),
             Error::QpFailed(QpFailure::Closed) => io::ErrorKind::NotConnected,

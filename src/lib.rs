@@ -73,5 +73,5 @@ mod proto;
 mod sys;
 pub mod verbs;
 
-pub use endpoint::{Endpoint, EndpointOptions};
+pub use endpoint::{DEFAULT_MEMORY_BUDGET, Endpoint, EndpointOptions, MemoryStats};
 pub use error::{Error, ProtocolError, QpFailure, Result, WcStatus};

@@ -13,6 +13,7 @@ use tracing::{Instrument, debug, info_span};
 use super::driver;
 use super::handshake::{Flags, Negotiated};
 use super::io::{ConnIo, IoConfig};
+use super::memory::Reservation;
 use super::options::ConnectOptions;
 use super::raw::RawConnection;
 use super::setup;
@@ -107,8 +108,10 @@ pub struct ConnStats {
     /// again held by the application, and the control receives). Its `bytes_registered` is
     /// the registered receive memory of this connection (pages rounded up).
     pub recv_pool: PoolMetrics,
-    /// The connection's send staging pool, registered once at setup: `(send_credits + 1)`
-    /// buffers of the peer's receive buffer size.
+    /// The connection's send staging pool, registered once at setup: `min(send_credits,
+    /// max_staged_chunks, send-queue share) + 1` buffers of the chunk size,
+    /// `min(peer's recv_buf_size, max_send_chunk)` ([`ConnectOptions::max_staged_chunks`],
+    /// [`ConnectOptions::max_send_chunk`]): local limits, whatever the peer announced.
     pub staging_pool: PoolMetrics,
 }
 
@@ -125,6 +128,7 @@ fn max_read(pd: &ProtectionDomain) -> u64 {
 /// A connection whose receives are posted, waiting for the CM handshake to complete.
 pub(crate) struct Starting {
     io: Arc<ConnIo>,
+    memory: Reservation,
     negotiated: Negotiated,
     offered: Flags,
     user_pool_config: PoolConfig,
@@ -188,14 +192,17 @@ impl Connection {
 
     /// Setup, phase 1 (before the peer learns this side's credits): builds the state machine
     /// on `qp` (in `pd`, with the private buffers of `pool`) and posts its receives.
+    /// `receive`: the receive pool, the claim on the shared receive queue if it receives
+    /// there, and the connection's reservation in its endpoint's memory budget (held as long
+    /// as the connection's state).
     pub(crate) fn start(
         qp: &AsyncQp,
         pd: &ProtectionDomain,
-        pool: Pool,
-        srq: Option<SrqShare>,
+        receive: (Pool, Option<SrqShare>, Reservation),
         negotiated: Negotiated,
         opts: &ConnectOptions,
     ) -> Result<Starting> {
+        let (pool, srq, memory) = receive;
         let cfg = ConnConfig {
             send_credits: negotiated.send_credits,
             send_initial: negotiated.send_initial_credits,
@@ -207,12 +214,10 @@ impl Connection {
             keepalive: opts.keepalive,
             keepalive_timeout: opts.keepalive_timeout,
             rendezvous: negotiated.rendezvous,
+            close_timeout: opts.close_timeout,
         };
-        let staging_count = negotiated.send_credits + 1;
-        let staging = Pool::with_pd(
-            pd,
-            setup::staging_pool_config(negotiated.max_send_size, negotiated.send_credits),
-        )?;
+        let staging_count = setup::staging_buffers(&negotiated, opts);
+        let staging = Pool::with_pd(pd, setup::staging_pool_config(&negotiated, opts))?;
         let io = Arc::new_cyclic(|me| {
             ConnIo::new(
                 IoConfig {
@@ -241,6 +246,7 @@ impl Connection {
         debug_assert!(!short, "the private pool covers the initial receives");
         Ok(Starting {
             io,
+            memory,
             negotiated,
             offered: opts.params.flags,
             user_pool_config: opts.user_pool.clone(),
@@ -258,6 +264,7 @@ impl Connection {
     ) -> Connection {
         let Starting {
             io,
+            memory,
             negotiated,
             offered,
             user_pool_config,
@@ -270,6 +277,7 @@ impl Connection {
             pd: parts.pd,
             params: negotiated,
             io,
+            _memory: memory,
         });
         if parts.peer_gone {
             shared.qp.force_error(crate::QpFailure::Disconnected);

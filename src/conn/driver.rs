@@ -135,8 +135,15 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
         );
     }
     // The queue pair is in the error state and consumes no more shared receives: give the
-    // claim on the shared receive queue back.
-    drop(io.with(|s| s.srq.take()));
+    // claim on the shared receive queue back. Nothing can read this side's rendezvous
+    // messages any more: their registrations go (outside the lock), whoever still holds the
+    // connection.
+    drop(io.with(|s| {
+        for (_, src) in s.rdv_held.drain(..) {
+            io.retire(super::io::Retired::Rendezvous(src));
+        }
+        s.srq.take()
+    }));
     io.torn_down
         .store(true, std::sync::atomic::Ordering::Release);
     io.done.notify_waiters();

@@ -536,8 +536,10 @@ pub struct Negotiated {
     /// Receive buffers this side keeps posted: its own receive credits.
     pub recv_credits: u32,
     /// The largest single SEND this side makes (one chunk of a message; larger messages are
-    /// chunked): the peer's receive buffer size. The connection stages its sends in buffers of
-    /// this size, apart from its receive buffers.
+    /// chunked): the peer's receive buffer size ([`negotiate`]); a connection caps it with
+    /// its local limit ([`ConnectOptions::max_send_chunk`](super::ConnectOptions::max_send_chunk)).
+    /// The connection stages its sends in buffers of this size, apart from its receive
+    /// buffers.
     pub max_send_size: u32,
     /// The size of this side's receive buffers.
     pub recv_buf_size: u32,

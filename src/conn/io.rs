@@ -801,7 +801,10 @@ impl Sink for ConnIo {
         }
         let kick = self.pump(&mut s, now, wake);
         let newly_failed = !was_failed && s.proto.failure().is_some();
-        let failure = if newly_failed && !ok {
+        // On a shared receive queue every SEND of the peer takes a shared buffer, credits or
+        // not: a connection that broke the protocol stops consuming them now (its queue pair
+        // goes to ERR), not after its error report (which then flushes).
+        let failure = if newly_failed && (!ok || s.srq.is_some()) {
             s.proto.failure().cloned()
         } else {
             None

@@ -11,6 +11,7 @@ mod driver;
 pub mod handshake;
 mod io;
 mod listener;
+pub(crate) mod memory;
 mod messages;
 mod one_sided;
 mod options;
@@ -24,7 +25,9 @@ pub mod wire;
 
 pub use connection::{ConnStats, Connection};
 pub use listener::{BACKLOG_FULL_REASON, Incoming, Listener};
-pub use options::{ConnectOptions, DEFAULT_RENDEZVOUS_THRESHOLD};
+pub use options::{
+    ConnectOptions, DEFAULT_MAX_SEND_CHUNK, DEFAULT_MAX_STAGED_CHUNKS, DEFAULT_RENDEZVOUS_THRESHOLD,
+};
 pub use raw::{
     RawAccepting, RawConnection, RawConnector, RawListener, RawOptions, RawReply, RawRequest,
 };

@@ -60,6 +60,16 @@ pub struct ConnectOptions {
     /// the transport's own retries (`ack_timeout`, `retry_count`) may detect it sooner. A slow
     /// but live peer is not declared dead.
     pub keepalive_timeout: Duration,
+    /// After [`close`](super::Connection::close), [`shutdown`](super::Connection::shutdown)
+    /// or dropping the connection: how long what must go out before end of stream may take
+    /// (messages still waiting for the peer's credits, and rendezvous messages the peer has
+    /// not read yet, whose memory stays registered until it has). A peer that is alive but
+    /// never takes them (never returns a credit, never acknowledges a read) would otherwise
+    /// keep the close waiting, the memory registered and the connection's task running for
+    /// ever; after this long the connection fails with
+    /// [`QpFailure::CloseTimeout`](crate::QpFailure::CloseTimeout) and is torn down. Default
+    /// 30 s.
+    pub close_timeout: Duration,
     /// Transport retries of the queue pair before a send fails with `IBV_WC_RETRY_EXC_ERR`
     /// (0-6; 7 would mean "retry forever" on some devices, soft-RoCE among them, so it is
     /// refused).
@@ -80,6 +90,17 @@ pub struct ConnectOptions {
     /// (`None`: never; this side then does not offer rendezvous at all). See
     /// [`rendezvous_threshold`](Self::rendezvous_threshold).
     pub rendezvous_threshold: Option<u64>,
+    /// The largest chunk this side sends in one SEND, whatever the peer announces: chunks
+    /// are `min(peer's recv_buf_size, max_send_chunk)` bytes, and the send staging pool's
+    /// buffers are that size. The peer's receive buffer size is the most it accepts, not what
+    /// it must get: smaller chunks are always valid. Default
+    /// [`DEFAULT_MAX_SEND_CHUNK`] (256 KiB). See [`max_send_chunk`](Self::max_send_chunk).
+    pub max_send_chunk: u32,
+    /// The most chunks copied into staging buffers that may be on the device at once, whatever
+    /// the peer's credits: the send staging pool has `min(peer's recv_credits,
+    /// max_staged_chunks, send-queue share) + 1` buffers. Default
+    /// [`DEFAULT_MAX_STAGED_CHUNKS`] (32). See [`max_staged_chunks`](Self::max_staged_chunks).
+    pub max_staged_chunks: u32,
     /// What the builder was told explicitly (an option that cannot apply on an endpoint with
     /// a shared receive queue is refused only if asked for, not by default).
     pub(crate) explicit: Explicit,
@@ -96,6 +117,12 @@ pub(crate) struct Explicit {
 
 /// The default [`ConnectOptions::rendezvous_threshold`].
 pub const DEFAULT_RENDEZVOUS_THRESHOLD: u64 = 256 << 10;
+
+/// The default [`ConnectOptions::max_send_chunk`]: 256 KiB.
+pub const DEFAULT_MAX_SEND_CHUNK: u32 = 256 << 10;
+
+/// The default [`ConnectOptions::max_staged_chunks`]: 32.
+pub const DEFAULT_MAX_STAGED_CHUNKS: u32 = 32;
 
 impl Default for ConnectOptions {
     fn default() -> ConnectOptions {
@@ -114,12 +141,15 @@ impl Default for ConnectOptions {
             backlog: 128,
             keepalive: Some(Duration::from_secs(10)),
             keepalive_timeout: Duration::from_secs(10),
+            close_timeout: Duration::from_secs(30),
             retry_count: 6,
             recv_budget: 16 << 20,
             ack_timeout: Some(17),
             user_pool: PoolConfig::default()
                 .classes([SizeClass::new(4 << 10, 64), SizeClass::new(64 << 10, 8)]),
             rendezvous_threshold: Some(DEFAULT_RENDEZVOUS_THRESHOLD),
+            max_send_chunk: DEFAULT_MAX_SEND_CHUNK,
+            max_staged_chunks: DEFAULT_MAX_STAGED_CHUNKS,
             explicit: Explicit::default(),
         }
     }
@@ -182,6 +212,21 @@ impl ConnectOptions {
     /// Sets the keepalive timeout (see [`keepalive_timeout`](Self::keepalive_timeout)).
     pub fn keepalive_timeout(mut self, t: Duration) -> Self {
         self.keepalive_timeout = t;
+        self
+    }
+
+    /// Sets the close timeout (see [`close_timeout`](Self::close_timeout)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio_rdma::conn::ConnectOptions;
+    /// let opts = ConnectOptions::default().close_timeout(Duration::from_secs(5));
+    /// assert_eq!(opts.close_timeout, Duration::from_secs(5));
+    /// ```
+    pub fn close_timeout(mut self, t: Duration) -> Self {
+        self.close_timeout = t;
         self
     }
 
@@ -258,6 +303,47 @@ impl ConnectOptions {
         self.rendezvous_threshold = bytes;
         self.set_flag(Flags::RENDEZVOUS, bytes.is_some());
         self.explicit.rendezvous = bytes.is_some();
+        self
+    }
+
+    /// Caps the chunks this side sends at `bytes` (at least 64), whatever the peer's receive
+    /// buffer size: the peer announces the largest SEND it accepts, and a hostile or
+    /// careless one may announce 16 MiB. With the cap, the send staging pool (registered
+    /// memory) is at most `(max_staged_chunks + 1) x max_send_chunk` bytes, 8.25 MiB with the
+    /// defaults, where a peer announcing 65,535 credits of 16 MiB would otherwise make this
+    /// side register 1 TiB. Raise it (with `recv_buf_size` on the peer) for fewer, larger
+    /// chunks per message.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::conn::ConnectOptions;
+    /// let opts = ConnectOptions::default().max_send_chunk(1 << 20);
+    /// assert_eq!(opts.max_send_chunk, 1 << 20);
+    /// ```
+    pub fn max_send_chunk(mut self, bytes: u32) -> Self {
+        self.max_send_chunk = bytes;
+        self
+    }
+
+    /// Caps the chunks copied into staging buffers that may be on the device at once (at
+    /// least 1), whatever the peer's credits: the staging pool has one buffer more than that.
+    /// The peer's credits are not reduced (chunks sent inline or from registered memory use
+    /// them all); a copied chunk beyond the cap waits for a staging buffer to come back,
+    /// which happens as soon as the device completed an earlier one (not when the peer's
+    /// application consumed it). The send queue's share of message sends
+    /// (`2 x min(recv_credits, 64) + 6`) caps it too: more staging buffers than sends on the
+    /// device would never be used.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::conn::ConnectOptions;
+    /// let opts = ConnectOptions::default().max_staged_chunks(8);
+    /// assert_eq!(opts.max_staged_chunks, 8);
+    /// ```
+    pub fn max_staged_chunks(mut self, n: u32) -> Self {
+        self.max_staged_chunks = n;
         self
     }
 

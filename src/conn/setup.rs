@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::connection::Connection;
-use super::handshake::{self, Flags, Params};
+use super::handshake::{self, Flags, Negotiated, Params};
 use super::options::ConnectOptions;
 use super::raw::{self, RawConnector, RawOptions, RawRequest, reject};
 use super::srq::{SharedRecv, SrqShare};
@@ -116,6 +116,7 @@ fn recv_depth(opts: &ConnectOptions) -> u32 {
 /// The raw connection options of a message connection with `opts`: its queue sizes, remote
 /// access only for what this side offers, its retry counts, and `timeout` for each CM step.
 fn raw_options(opts: &ConnectOptions, timeout: Duration) -> Result<RawOptions> {
+    check_limits(opts)?;
     if opts.retry_count > 6 {
         return Err(Error::InvalidArgument(format!(
             "retry_count {} is not in 0..=6 (7 means retry forever on some devices)",
@@ -229,10 +230,74 @@ fn private_pool_config(recv_buf_size: u32, credits: u32) -> PoolConfig {
     PoolConfig::default().classes([SizeClass::new(recv_buf_size as usize, count)])
 }
 
-/// The staging pool for chunks of `chunk` bytes: one per data credit (`send_credits`, the
-/// chunks that can be in flight) and one for the next chunk waiting for a credit.
-pub(crate) fn staging_pool_config(chunk: u32, send_credits: u32) -> PoolConfig {
-    PoolConfig::default().classes([SizeClass::new(chunk as usize, send_credits as usize + 1)])
+/// The connection's parameters from this side's options and the peer's announcement, under
+/// this side's limits: the chunks it sends are at most `opts.max_send_chunk` bytes, however
+/// large the peer says its receive buffers are (sending smaller chunks than the peer accepts
+/// is always valid). The peer's credits stay as announced (see [`staging_buffers`]).
+pub(crate) fn negotiate(
+    opts: &ConnectOptions,
+    remote: &Params,
+) -> std::result::Result<Negotiated, handshake::HandshakeError> {
+    let mut n = handshake::negotiate(&opts.params, remote)?;
+    n.max_send_size = n.max_send_size.min(opts.max_send_chunk);
+    n.max_inline = n.max_inline.min(n.max_send_size);
+    Ok(n)
+}
+
+/// Staging buffers of a connection with `n` and `opts`: one per copied chunk that may be on
+/// the device (the peer's credits, at most `max_staged_chunks`, at most the send queue's share
+/// of message sends, beyond which no chunk can be posted) and one for the next chunk being
+/// filled. Credits beyond it are not lost: a copied chunk waits for a staging buffer, which
+/// comes back when the device completed an earlier send, not when the peer consumed it (a cap
+/// on the credits themselves could stall: a receiver returns credits lazily, in batches of half
+/// its window, when the sender seems to have plenty).
+pub(crate) fn staging_buffers(n: &Negotiated, opts: &ConnectOptions) -> u32 {
+    n.send_credits
+        .min(opts.max_staged_chunks.max(1))
+        .min(sink_sends(opts))
+        + 1
+}
+
+/// The staging pool of a connection with `n` and `opts`: [`staging_buffers`] buffers of the
+/// negotiated chunk size.
+pub(crate) fn staging_pool_config(n: &Negotiated, opts: &ConnectOptions) -> PoolConfig {
+    PoolConfig::default().classes([SizeClass::new(
+        n.max_send_size as usize,
+        staging_buffers(n, opts) as usize,
+    )])
+}
+
+/// Registered bytes of a connection's own buffers that the endpoint's memory budget counts:
+/// its private receive pool (none on a shared receive queue, whose buffers the endpoint
+/// already has) and its send staging pool.
+pub(crate) fn pool_bytes(n: &Negotiated, opts: &ConnectOptions, shared_recv: bool) -> u64 {
+    let class = |size: u32, count: u32| u64::from(size) * u64::from(count);
+    let recv = if shared_recv {
+        0
+    } else {
+        class(
+            opts.params.recv_buf_size,
+            2 * opts.params.recv_credits + CONTROL_RECVS,
+        )
+    };
+    recv + class(n.max_send_size, staging_buffers(n, opts))
+}
+
+/// Refuses local limits that cannot work.
+fn check_limits(opts: &ConnectOptions) -> Result<()> {
+    if opts.max_send_chunk < handshake::MIN_RECV_BUF_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "max_send_chunk {} is below {} bytes",
+            opts.max_send_chunk,
+            handshake::MIN_RECV_BUF_SIZE
+        )));
+    }
+    if opts.max_staged_chunks == 0 {
+        return Err(Error::InvalidArgument(
+            "max_staged_chunks 0: copied sends could never go out".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The active side: resolve, create the queue pair, connect with our handshake, negotiate
@@ -266,10 +331,18 @@ pub(crate) async fn connect(
     // setup ends at once).
     let reply = connector.connect(&hs).await?;
     let remote = Params::decode(reply.private_data())?;
-    let negotiated = handshake::negotiate(&local, &remote)?;
+    let negotiated = negotiate(&opts, &remote)?;
+    // The endpoint's budget, before any pool is made.
+    let memory = endpoint.reserve_memory(pool_bytes(&negotiated, &opts, srq.is_some()))?;
     // Receives are posted before the peer learns our credits (before establish).
     let (pool, share) = receive_side(reply.pd(), &local, srq.as_ref())?;
-    let starting = Connection::start(reply.qp(), reply.pd(), pool, share, negotiated, &opts)?;
+    let starting = Connection::start(
+        reply.qp(),
+        reply.pd(),
+        (pool, share, memory),
+        negotiated,
+        &opts,
+    )?;
     Ok(Connection::established(starting, reply.establish()?, span))
 }
 
@@ -300,7 +373,7 @@ pub(crate) async fn accept(
     };
     let local: Params = opts.params;
     let remote = Params::decode(request.private_data()).map_err(|e| reject(id, e.into()))?;
-    let negotiated = handshake::negotiate(&local, &remote).map_err(|e| reject(id, e.into()))?;
+    let negotiated = negotiate(opts, &remote).map_err(|e| reject(id, e.into()))?;
     if request.conn_param().is_none() {
         return Err(reject(
             id,
@@ -311,6 +384,10 @@ pub(crate) async fn accept(
     let mut raw_opts = raw_options(opts, opts.handshake_timeout).map_err(|e| reject(id, e))?;
     raw_opts.shared_recv = srq.is_some();
     let endpoint = choice.endpoint_for(id, opts).map_err(|e| reject(id, e))?;
+    // The endpoint's budget, before the queue pair or any pool is made.
+    let memory = endpoint
+        .reserve_memory(pool_bytes(&negotiated, opts, srq.is_some()))
+        .map_err(|e| reject(id, e))?;
     // On failure the request is rejected with the reason.
     let accepting = request.prepare_on(&endpoint, raw_opts)?;
     let id = accepting.request().id();
@@ -319,8 +396,7 @@ pub(crate) async fn accept(
     let starting = Connection::start(
         accepting.qp(),
         accepting.pd(),
-        pool,
-        share,
+        (pool, share, memory),
         negotiated,
         opts,
     )
@@ -331,4 +407,94 @@ pub(crate) async fn accept(
     // disconnected before ESTABLISHED reached us is handed over with what it sent.
     let raw = accepting.accept(&accept_data).await?;
     Ok(Connection::established(starting, raw, span))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::{DEFAULT_MAX_SEND_CHUNK, DEFAULT_MAX_STAGED_CHUNKS};
+
+    fn hostile(credits: u32, buf: u32) -> Params {
+        Params {
+            recv_credits: credits,
+            recv_buf_size: buf,
+            max_message_size: u64::from(buf),
+            ..Params::default()
+        }
+    }
+
+    /// Registered bytes of the staging pool a connection with `opts` makes for `remote`.
+    fn staging_bytes(opts: &ConnectOptions, remote: &Params) -> u64 {
+        let n = negotiate(opts, remote).expect("negotiate");
+        staging_pool_config(&n, opts)
+            .size_classes()
+            .iter()
+            .map(|c| (c.size * c.count) as u64)
+            .sum()
+    }
+
+    #[test]
+    fn a_peer_cannot_size_the_staging_pool_beyond_local_limits() {
+        let opts = ConnectOptions::default();
+        // A default peer: 16 credits of 64 KiB, 17 staging buffers (1.06 MiB), as before.
+        let default_peer = staging_bytes(&opts, &opts.params);
+        assert_eq!(default_peer, 17 * (64 << 10));
+        // The measurement (63 x 16 MiB) and the handshake's limit (65,535 x 16 MiB):
+        // 33 buffers of 256 KiB (8.25 MiB), not 64 or 65,536 of 16 MiB.
+        let bound = u64::from(DEFAULT_MAX_STAGED_CHUNKS + 1) * u64::from(DEFAULT_MAX_SEND_CHUNK);
+        for (credits, buf) in [(63, 16 << 20), (handshake::MAX_CREDITS, 16 << 20)] {
+            let got = staging_bytes(&opts, &hostile(credits, buf));
+            assert_eq!(got, bound, "{credits} x {buf}");
+            assert!(
+                got <= 8 * default_peer,
+                "{got} is a small multiple of {default_peer}"
+            );
+        }
+        let n = negotiate(&opts, &hostile(63, 16 << 20)).expect("negotiate");
+        assert_eq!(n.max_send_size, DEFAULT_MAX_SEND_CHUNK, "chunks are capped");
+        assert_eq!(n.send_credits, 63, "credits stay the peer's");
+        // Tighter local limits bound it further; fewer peer credits than the cap use fewer.
+        let tight = ConnectOptions::default()
+            .max_send_chunk(4096)
+            .max_staged_chunks(4);
+        assert_eq!(staging_bytes(&tight, &hostile(63, 16 << 20)), 5 * 4096);
+        assert_eq!(staging_bytes(&tight, &hostile(2, 1024)), 3 * 1024);
+        // The send queue's share caps it too: no more buffers than sends can be posted.
+        let few = ConnectOptions::default().recv_credits(2);
+        assert_eq!(sink_sends(&few), 10);
+        assert_eq!(
+            staging_bytes(&few, &hostile(63, 16 << 20)),
+            11 * u64::from(DEFAULT_MAX_SEND_CHUNK)
+        );
+    }
+
+    #[test]
+    fn the_memory_budget_counts_both_pools() {
+        let opts = ConnectOptions::default();
+        let n = negotiate(&opts, &hostile(63, 16 << 20)).expect("negotiate");
+        let recv = 35 * (64 << 10);
+        let staging = 33 * u64::from(DEFAULT_MAX_SEND_CHUNK);
+        assert_eq!(pool_bytes(&n, &opts, false), recv + staging);
+        assert_eq!(
+            pool_bytes(&n, &opts, true),
+            staging,
+            "the shared queue is the endpoint's"
+        );
+    }
+
+    #[test]
+    fn unusable_limits_are_refused() {
+        let t = Duration::from_secs(1);
+        let small = ConnectOptions::default().max_send_chunk(63);
+        assert!(matches!(
+            raw_options(&small, t),
+            Err(Error::InvalidArgument(_))
+        ));
+        let none = ConnectOptions::default().max_staged_chunks(0);
+        assert!(matches!(
+            raw_options(&none, t),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(raw_options(&ConnectOptions::default(), t).is_ok());
+    }
 }

@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use super::handshake::Negotiated;
 use super::io::ConnIo;
+use super::memory::Reservation;
 use crate::buf::PoolBuf;
 use crate::driver::AsyncQp;
 use crate::proto::conn::Delivery;
@@ -23,6 +24,8 @@ pub(crate) struct ConnShared {
     pub(crate) params: Negotiated,
     /// Messages: the state machine, the posted receives and sends.
     pub(crate) io: Arc<ConnIo>,
+    /// The connection's pools in its endpoint's memory budget, given back with this.
+    pub(crate) _memory: Reservation,
 }
 
 /// A received message: the bytes, in the connection's receive buffer (a single-chunk message,

@@ -40,6 +40,10 @@ pub struct RawOpts {
     pub confirm: bool,
     /// The largest SEND it can make.
     pub send_size: usize,
+    /// Bytes of memory behind each receive it posts (`None`: its announced
+    /// `recv_buf_size`): a peer may announce huge buffers and register small ones, so that
+    /// what the other side pins can be measured apart from its own.
+    pub recv_slot_size: Option<usize>,
     /// Transport retries of its queue pair.
     pub retry_count: u8,
     /// Local ACK timeout code of its queue pair.
@@ -56,9 +60,24 @@ impl RawOpts {
             repost: true,
             confirm: true,
             send_size: 128 << 10,
+            recv_slot_size: None,
             retry_count: 3,
             ack_timeout: 14,
         }
+    }
+}
+
+impl RawOpts {
+    /// Bytes behind each receive.
+    pub fn slot_size(&self) -> usize {
+        self.recv_slot_size
+            .unwrap_or(self.params.recv_buf_size as usize)
+    }
+
+    /// Bytes this peer registers: its receive slots and its send slots.
+    pub fn registered_bytes(&self) -> u64 {
+        let slots = self.post_recvs.max(1) as usize;
+        (slots * self.slot_size() + SEND_SLOTS as usize * self.send_size) as u64
     }
 }
 
@@ -148,9 +167,10 @@ fn resources(
     attr.caps.max_send_sge = 1;
     attr.caps.max_recv_sge = 1;
     let qp = QueuePair::new_rc(&pd, &attr).expect("qp");
+    // Receives reuse their slot: memory for the receives it posts.
     let recv_mem = RegisteredBuffer::new(
         &pd,
-        slots as usize * opts.params.recv_buf_size as usize,
+        opts.post_recvs.max(1) as usize * opts.slot_size(),
         AccessFlags::LOCAL_WRITE,
     )
     .expect("receive memory");
@@ -229,7 +249,7 @@ impl RawPeer {
     }
 
     fn post_recv(&mut self, slot: u32) {
-        let size = self.opts.params.recv_buf_size as usize;
+        let size = self.opts.slot_size();
         let at = slot as usize * size;
         let sge = [self.recv_mem.sge(at..at + size)];
         // SAFETY: the slot's memory belongs to `recv_mem`, which lives as long as the queue

@@ -35,6 +35,12 @@
 //! [`Error::ReceiveBudgetExhausted`]. Messages an application keeps after their connection
 //! ended no longer count against anyone (their buffers are re-posted once dropped).
 //!
+//! The device gives a buffer to any SEND on the queue, credits or not: a peer that overruns
+//! its credits is seen only when that completion is processed. Its connection then fails, and
+//! its queue pair goes to the error state in the same poll (not after its error report), so it
+//! takes no more buffers; those it took are never delivered and come back as their completions
+//! are processed (`docs/security.md`).
+//!
 //! The queue is refilled as buffers come back: by the connection whose receive it was, on
 //! its next step, and by a task waiting for the pool (which also re-arms the queue's limit
 //! event, `IBV_EVENT_SRQ_LIMIT_REACHED`, counted in [`SrqStats::limit_events`]).

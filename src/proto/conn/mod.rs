@@ -81,6 +81,11 @@ pub struct ConnConfig {
     /// Both sides offer rendezvous: large messages may go by reference (a descriptor the
     /// receiver RDMA READs from), see [`ConnProto::start_send_rendezvous`].
     pub rendezvous: bool,
+    /// Once this side closed: how long what must go out before end of stream (queued
+    /// messages waiting for credits, rendezvous messages the peer has not read yet) may take
+    /// before the connection fails with [`QpFailure::CloseTimeout`] (a live peer that never
+    /// reads or never acknowledges would otherwise keep the close, and the memory, forever).
+    pub close_timeout: Duration,
 }
 
 /// A chunk of a message to post now: `len` bytes at `offset` of the message, as a SEND with
@@ -203,6 +208,9 @@ pub struct ConnProto<B> {
     failure: Option<QpFailure>,
     /// The application asked to close: no new messages; `Close` goes out after the queue.
     local_closed: bool,
+    /// Since when end of stream has waited for what must go out before it (see
+    /// [`ConnConfig::close_timeout`]).
+    close_waiting_since: Option<Instant>,
     /// Disconnect once end of stream is acknowledged, without waiting for the peer's.
     full_close: bool,
     close_sent: bool,
@@ -253,6 +261,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             cfg,
             failure: None,
             local_closed: false,
+            close_waiting_since: None,
             full_close: false,
             close_sent: false,
             close_done: false,
@@ -509,6 +518,22 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         self.out.is_empty() && self.rdv.unacked() == 0
     }
 
+    /// Starts the close timeout if end of stream waits for something (messages still to go
+    /// out, rendezvous messages still to be read).
+    fn note_close_wait(&mut self, now: Instant) {
+        if self.local_closed && !self.close_sent && self.failure.is_none() && !self.all_sent() {
+            self.close_waiting_since.get_or_insert(now);
+        }
+    }
+
+    /// When the close timeout expires, if end of stream is still waiting for something to go
+    /// out (once everything went, end of stream itself is under the keepalive's deadline).
+    fn close_deadline(&self) -> Option<Instant> {
+        self.close_waiting_since
+            .filter(|_| !self.close_sent && !self.all_sent())
+            .map(|t| t + self.cfg.close_timeout)
+    }
+
     fn check_close_ready(&mut self) {
         if self.local_closed && !self.close_sent && self.all_sent() {
             self.kick();
@@ -545,6 +570,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// The next control message to post, if one is due and the control window has room: a
     /// pending error report, an abort, end of stream, a keepalive, or a credit return.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        self.note_close_wait(now);
         if let Some(e) = self.pending_error {
             if self.error_sent || self.error_abandoned {
                 return None;
@@ -691,13 +717,14 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         } else {
             self.next_keepalive
         };
-        match (deadline, keepalive) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [deadline, keepalive, self.close_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    /// Time passed: a keepalive may be due, or a control message overdue (the peer is gone).
+    /// Time passed: a keepalive may be due, a control message overdue (the peer is gone), or
+    /// the close timeout expired (see [`ConnConfig::close_timeout`]).
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.failure.is_some() {
             let overdue = self
@@ -717,6 +744,13 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         let silent = self.silence_deadline().is_some_and(|at| now >= at);
         if waited_out || silent {
             self.fail(QpFailure::KeepaliveTimeout(self.cfg.keepalive_timeout));
+            return;
+        }
+        self.note_close_wait(now);
+        if self.close_deadline().is_some_and(|at| now >= at) {
+            // A live peer that does not take what is left (never returns credits, never reads
+            // a rendezvous message): tear down without end of stream, releasing the memory.
+            self.fail(QpFailure::CloseTimeout(self.cfg.close_timeout));
             return;
         }
         if let Some(at) = self.next_keepalive {

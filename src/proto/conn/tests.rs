@@ -101,6 +101,7 @@ pub(super) fn config(credits: u32, chunk: u32) -> ConnConfig {
         keepalive: Some(Duration::from_millis(50)),
         keepalive_timeout: Duration::from_secs(3600),
         rendezvous: true,
+        close_timeout: Duration::from_secs(3600),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Rendezvous against a lying peer, and the sender's side of the exchange.
 
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::super::tests::{config, hostile, imm};
 use super::*;
@@ -167,4 +167,169 @@ fn the_window_holds_the_ninth_send_back() {
     p.handle_recv(Ok((0, imm(MsgKind::Fetched, 0))), Vec::new());
     assert!(p.poll_fetched(ids[0], &mut cx).is_ready());
     assert!(p.poll_chunk(last, &mut cx).is_ready(), "room again");
+}
+
+/// A sender with `n` rendezvous descriptors out, closed at `t0` (by the application or by
+/// dropping the connection: `close_full`).
+fn closed_with_offers(n: u32, t0: Instant) -> (ConnProto<Vec<u8>>, Vec<u64>) {
+    let cfg = ConnConfig {
+        keepalive: None,
+        close_timeout: Duration::from_secs(5),
+        ..config(16, 64)
+    };
+    let mut p = ConnProto::new(cfg, t0);
+    let k = p.recvs_to_post();
+    p.recvs_posted(k);
+    let mut cx = cx();
+    let ids: Vec<u64> = (0..n)
+        .map(|_| {
+            let id = p.start_send_rendezvous(300).unwrap();
+            assert!(p.poll_chunk(id, &mut cx).is_ready());
+            id
+        })
+        .collect();
+    p.close_full();
+    // What the shell does right after any call: pump (end of stream cannot go yet).
+    assert!(
+        p.poll_transmit(t0).is_none(),
+        "end of stream waits for the reads"
+    );
+    (p, ids)
+}
+
+#[test]
+fn a_peer_that_never_acknowledges_a_read_cannot_hold_the_close_for_ever() {
+    let t0 = Instant::now();
+    let (mut p, ids) = closed_with_offers(1, t0);
+    let mut cx = cx();
+    let limit = Duration::from_secs(5);
+    assert_eq!(
+        p.poll_timeout(),
+        Some(t0 + limit),
+        "the close has a deadline"
+    );
+    p.handle_timeout(t0 + limit - Duration::from_millis(1));
+    assert!(p.failure().is_none() && !p.should_disconnect());
+    assert!(p.poll_fetched(ids[0], &mut cx).is_pending());
+    p.handle_timeout(t0 + limit);
+    assert_eq!(p.failure(), Some(&QpFailure::CloseTimeout(limit)));
+    assert!(
+        p.should_disconnect(),
+        "torn down: the shell releases the memory"
+    );
+    assert!(matches!(
+        p.poll_fetched(ids[0], &mut cx),
+        Poll::Ready(Err(_))
+    ));
+    assert!(matches!(p.poll_close(&mut cx), Poll::Ready(Err(_))));
+    assert_eq!(p.poll_timeout(), None);
+}
+
+#[test]
+fn a_peer_that_never_returns_credits_cannot_hold_the_close_for_ever() {
+    let t0 = Instant::now();
+    let cfg = ConnConfig {
+        keepalive: None,
+        close_timeout: Duration::from_secs(5),
+        ..config(2, 64)
+    };
+    let mut p: ConnProto<Vec<u8>> = ConnProto::new(cfg, t0);
+    let k = p.recvs_to_post();
+    p.recvs_posted(k);
+    let mut cx = cx();
+    // Three chunks, two credits: the third waits for a credit that never comes.
+    let id = p.start_send(3 * 64).unwrap();
+    assert!(p.poll_chunk(id, &mut cx).is_ready());
+    assert!(p.poll_chunk(id, &mut cx).is_ready());
+    assert!(p.poll_chunk(id, &mut cx).is_pending());
+    p.close();
+    assert!(p.poll_transmit(t0).is_none());
+    assert_eq!(p.poll_timeout(), Some(t0 + Duration::from_secs(5)));
+    p.handle_timeout(t0 + Duration::from_secs(5));
+    assert_eq!(
+        p.failure(),
+        Some(&QpFailure::CloseTimeout(Duration::from_secs(5)))
+    );
+    assert!(matches!(p.poll_chunk(id, &mut cx), Poll::Ready(Err(_))));
+}
+
+#[test]
+fn random_acknowledgement_times_end_the_close_cleanly_or_at_the_deadline() {
+    let limit = Duration::from_secs(5);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for seed in 0..500 {
+        let t0 = Instant::now();
+        let n = 1 + next(u64::from(RDV_WINDOW)) as u32;
+        let (mut p, ids) = closed_with_offers(n, t0);
+        // The peer acknowledges a random number of the reads, in order, at random times
+        // (some after the deadline); the shell's timer fires at random times too.
+        let acks = next(u64::from(n) + 1) as u32;
+        let mut ack_at: Vec<Duration> = (0..acks)
+            .map(|_| Duration::from_millis(next(8000)))
+            .collect();
+        ack_at.sort();
+        let mut acked = 0u32;
+        let mut now = t0;
+        let mut closed_cleanly = false;
+        while now < t0 + Duration::from_secs(10) {
+            now += Duration::from_millis(1 + next(700));
+            while (acked as usize) < ack_at.len() && t0 + ack_at[acked as usize] <= now {
+                if p.failure().is_none() {
+                    p.handle_recv(Ok((0, imm(MsgKind::Fetched, acked as u16))), Vec::new());
+                }
+                acked += 1;
+            }
+            if let Some(at) = p.poll_timeout() {
+                assert!(
+                    at <= t0 + limit,
+                    "seed {seed}: deadline {at:?} past the limit"
+                );
+            }
+            p.handle_timeout(now);
+            if let Some(t) = p.poll_transmit(now) {
+                assert_eq!(t.kind, MsgKind::Close, "seed {seed}");
+                assert!(
+                    now <= t0 + limit + Duration::from_millis(700),
+                    "seed {seed}"
+                );
+                p.handle_control_done(MsgKind::Close, Ok(()), now);
+                closed_cleanly = true;
+            }
+            if p.failure().is_some() || closed_cleanly {
+                break;
+            }
+        }
+        let all_read_in_time = acks == n && t0 + ack_at[n as usize - 1] < t0 + limit;
+        match p.failure() {
+            None => {
+                assert!(closed_cleanly, "seed {seed}: neither closed nor failed");
+                assert!(acks == n, "seed {seed}: closed with unread messages");
+                assert!(p.should_disconnect());
+            }
+            Some(f) => {
+                assert_eq!(f, &QpFailure::CloseTimeout(limit), "seed {seed}");
+                assert!(
+                    !all_read_in_time,
+                    "seed {seed}: failed although every read was acknowledged in time"
+                );
+                assert!(
+                    now >= t0 + limit,
+                    "seed {seed}: failed early at {:?}",
+                    now - t0
+                );
+                assert!(p.should_disconnect());
+                // Every send still waiting resolves with the failure.
+                let mut cx = cx();
+                for &id in &ids[acked as usize..] {
+                    assert!(matches!(p.poll_fetched(id, &mut cx), Poll::Ready(Err(_))));
+                }
+            }
+        }
+    }
 }
