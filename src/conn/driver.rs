@@ -17,6 +17,10 @@ use crate::verbs::{CmEventKind, CmId};
 
 /// Longest the teardown waits for outstanding receives and sends to flush.
 const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+/// The teardown stops waiting once the flushes made no progress for this long: soft-RoCE's
+/// flush of a failed queue pair can stop one request short, and no later completion comes.
+/// What is left stays with the queue pair until it is destroyed (never released earlier).
+const STALL_LIMIT: Duration = Duration::from_secs(1);
 
 /// Runs the connection until it is torn down.
 pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncChannel) {
@@ -105,33 +109,46 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     // unsignaled (they raise no completion of their own).
     shared.qp.force_error(QpFailure::Closed);
     io.post_drain_marker();
-    let drained = tokio::time::timeout(DRAIN_LIMIT, async {
+    let started = Instant::now();
+    let drained = async {
         let qp_closed = shared.qp.close();
         tokio::pin!(qp_closed);
-        let _ = (&mut qp_closed).await;
+        // The table's requests (if any) flush first; bounded like the rest.
+        let _ = tokio::time::timeout(DRAIN_LIMIT, &mut qp_closed).await;
+        let mut last = (usize::MAX, Instant::now());
         loop {
             let notified = io.drained.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if super::io::ConnIo::outstanding(&io.lock()) == 0 {
-                break;
+            let left = super::io::ConnIo::outstanding(&io.lock());
+            if left == 0 {
+                return true;
             }
             // Nobody else may be polling: make sure the flushes are applied.
             shared.qp.poll_completions();
-            if super::io::ConnIo::outstanding(&io.lock()) == 0 {
-                break;
+            let left = super::io::ConnIo::outstanding(&io.lock());
+            if left == 0 {
+                return true;
+            }
+            let now = Instant::now();
+            if left < last.0 {
+                last = (left, now);
+            } else if now - last.1 >= STALL_LIMIT || now - started >= DRAIN_LIMIT {
+                return false;
             }
             let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
         }
-    })
+    }
     .await;
-    if drained.is_err() {
+    if !drained {
         let (recvs, sends) = io.abandon_unflushed();
         warn!(
             recvs,
             sends,
-            "work requests did not flush within {DRAIN_LIMIT:?}; the queue pair is in the error \
-             state (it processes nothing): their buffers are released"
+            waited = ?started.elapsed(),
+            "work requests did not flush (no progress for {STALL_LIMIT:?}, or {DRAIN_LIMIT:?} in \
+             all); the queue pair is in the error state: their buffers stay with it until it is \
+             destroyed"
         );
     }
     // The queue pair is in the error state and consumes no more shared receives: give the

@@ -618,10 +618,11 @@ impl ConnIo {
         s.proto.recvs_posted(posted);
     }
 
-    /// Gives up on requests the device never flushed (seen on rxe under packet duplication: a
-    /// receive it was filling when the queue pair failed gets no flush completion). Call only
-    /// with the queue pair in the error state, which processes nothing, after waiting for the
-    /// flushes: their buffers go back to the pools. Returns how many receives and sends were
+    /// Gives up waiting for requests the device never flushed (seen on rxe: its flush of a
+    /// failed queue pair's receive queue can stop one request short). Call with the queue pair
+    /// in the error state, after waiting for the flushes. Their buffers are NOT released: they
+    /// stay with the queue pair until it is destroyed (when the last handle goes), since only
+    /// then is the device sure not to touch them. Returns how many receives and sends were
     /// abandoned.
     pub(crate) fn abandon_unflushed(&self) -> (usize, usize) {
         let (recvs, sends) = {
@@ -629,13 +630,15 @@ impl ConnIo {
             (std::mem::take(&mut s.recvs), std::mem::take(&mut s.sends))
         };
         // What held something (drain markers hold nothing).
-        (
+        let counts = (
             recvs.iter().filter(|r| r.is_some()).count(),
             sends
                 .iter()
                 .filter(|(_, sent)| !matches!(sent, Sent::Marker))
                 .count(),
-        )
+        );
+        self.qp.keep_until_destroyed(Box::new((recvs, sends)));
+        counts
     }
 
     /// How often the state may have changed so far (see `changes`).
