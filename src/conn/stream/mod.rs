@@ -9,11 +9,8 @@ pub use split::{OwnedReadHalf, OwnedWriteHalf, ReuniteError};
 
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 
 use super::connection::Connection;
 use read::ReadState;
@@ -124,64 +121,89 @@ impl std::fmt::Debug for RdmaStream {
     }
 }
 
-impl AsyncRead for RdmaStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        this.rd.poll_read(&this.conn, cx, out)
-    }
+/// `AsyncRead` and `AsyncBufRead` for a type with `conn: Arc<Connection>` and `rd: ReadState`
+/// (the stream and its read half). The stream holds one whole received message at a time:
+/// `poll_fill_buf` hands out the unread rest of it, without copying.
+macro_rules! read_impls {
+    ($t:ty) => {
+        impl tokio::io::AsyncRead for $t {
+            fn poll_read(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                out: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                let this = &mut *self;
+                this.rd.poll_read(&this.conn, cx, out)
+            }
+        }
+
+        impl tokio::io::AsyncBufRead for $t {
+            fn poll_fill_buf(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<&[u8]>> {
+                let this = self.get_mut();
+                this.rd.poll_fill_buf(&this.conn, cx)
+            }
+
+            fn consume(mut self: std::pin::Pin<&mut Self>, amt: usize) {
+                self.rd.consume(amt);
+            }
+        }
+    };
 }
 
-/// The stream holds one whole received message at a time: `poll_fill_buf` hands out the
-/// unread rest of it, without copying.
-impl AsyncBufRead for RdmaStream {
-    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
-        let this = self.get_mut();
-        this.rd.poll_fill_buf(&this.conn, cx)
-    }
+/// `AsyncWrite` for a type with `conn: Arc<Connection>` and `wr: WriteState` (the stream and
+/// its write half). Vectored writes gather the slices into one message (one copy), up to the
+/// write limit.
+macro_rules! write_impls {
+    ($t:ty) => {
+        impl tokio::io::AsyncWrite for $t {
+            fn poll_write(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                let this = &mut *self;
+                this.wr.poll_write(&this.conn, cx, &[std::io::IoSlice::new(buf)])
+            }
 
-    fn consume(mut self: Pin<&mut Self>, amt: usize) {
-        self.rd.consume(amt);
-    }
+            fn poll_write_vectored(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                let this = &mut *self;
+                this.wr.poll_write(&this.conn, cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                true
+            }
+
+            fn poll_flush(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                let this = &mut *self;
+                this.wr.poll_flush(&this.conn, cx)
+            }
+
+            fn poll_shutdown(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                let this = &mut *self;
+                this.wr.poll_shutdown(&this.conn, cx)
+            }
+        }
+    };
 }
 
-impl AsyncWrite for RdmaStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        this.wr.poll_write(&this.conn, cx, &[io::IoSlice::new(buf)])
-    }
-
-    /// Gathers the slices into one message (one copy), up to the write limit.
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        this.wr.poll_write(&this.conn, cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        this.wr.poll_flush(&this.conn, cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        this.wr.poll_shutdown(&this.conn, cx)
-    }
-}
+read_impls!(RdmaStream);
+write_impls!(RdmaStream);
+read_impls!(split::OwnedReadHalf);
+write_impls!(split::OwnedWriteHalf);
 
 /// Makes a `Send` value `Sync` by giving no access to it through a shared reference (the
 /// stream's futures are only ever polled through `&mut`).

@@ -5,11 +5,8 @@
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 
 use super::RdmaStream;
 use super::read::ReadState;
@@ -19,8 +16,8 @@ use crate::conn::Connection;
 /// The read half of an [`RdmaStream`], from [`RdmaStream::into_split`]. Reads (and
 /// `AsyncBufRead`) as the stream does.
 pub struct OwnedReadHalf {
-    conn: Arc<Connection>,
-    rd: ReadState,
+    pub(super) conn: Arc<Connection>,
+    pub(super) rd: ReadState,
 }
 
 /// The write half of an [`RdmaStream`], from [`RdmaStream::into_split`]. Writes as the stream
@@ -28,8 +25,8 @@ pub struct OwnedReadHalf {
 /// written, the peer reads EOF), as dropping a `TcpStream`'s `OwnedWriteHalf` does. The
 /// connection itself closes once both halves are gone.
 pub struct OwnedWriteHalf {
-    conn: Arc<Connection>,
-    wr: WriteState,
+    pub(super) conn: Arc<Connection>,
+    pub(super) wr: WriteState,
     /// Set by `reunite`: the direction stays open.
     reunited: bool,
 }
@@ -199,58 +196,3 @@ impl fmt::Debug for OwnedWriteHalf {
     }
 }
 
-impl AsyncRead for OwnedReadHalf {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        this.rd.poll_read(&this.conn, cx, out)
-    }
-}
-
-impl AsyncBufRead for OwnedReadHalf {
-    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
-        let this = self.get_mut();
-        this.rd.poll_fill_buf(&this.conn, cx)
-    }
-
-    fn consume(mut self: Pin<&mut Self>, amt: usize) {
-        self.rd.consume(amt);
-    }
-}
-
-impl AsyncWrite for OwnedWriteHalf {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        this.wr.poll_write(&this.conn, cx, &[io::IoSlice::new(buf)])
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        this.wr.poll_write(&this.conn, cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        this.wr.poll_flush(&this.conn, cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        this.wr.poll_shutdown(&this.conn, cx)
-    }
-}
