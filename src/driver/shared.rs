@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
+use smallvec::SmallVec;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
@@ -147,26 +148,19 @@ pub(crate) struct Shared {
 /// waker's wake, a payload's or application buffer's drop) runs under the lock: a drop may
 /// release the last handle of a queue pair of this very driver, which takes the lock.
 ///
-/// Holds up to [`Deferred::WAKERS`] wakers without allocating; more spill to a vector.
+/// Holds up to 32 wakers without allocating; more spill to the heap.
 #[derive(Debug, Default)]
 pub(crate) struct Deferred {
-    wakers: [Option<Waker>; Deferred::WAKERS],
-    n: usize,
-    more: Vec<Waker>,
+    /// Inline up to 32 (uninitialised until pushed: creating and dropping an empty one costs
+    /// nothing per slot), then on the heap.
+    wakers: SmallVec<[Waker; 32]>,
     released: Vec<Payload>,
     sinks: Vec<Arc<dyn Sink>>,
 }
 
 impl Deferred {
-    const WAKERS: usize = 32;
-
     pub(crate) fn push(&mut self, w: Waker) {
-        if self.n < Self::WAKERS {
-            self.wakers[self.n] = Some(w);
-            self.n += 1;
-        } else {
-            self.more.push(w);
-        }
+        self.wakers.push(w);
     }
 
     /// Calls `sink`'s [`after_unlock`](Sink::after_unlock) once the lock is released.
@@ -188,13 +182,7 @@ impl Deferred {
 
     /// Wakes and drops. Call without the lock.
     pub(crate) fn run(&mut self) {
-        for w in &mut self.wakers[..self.n] {
-            if let Some(w) = w.take() {
-                w.wake();
-            }
-        }
-        self.n = 0;
-        for w in self.more.drain(..) {
+        for w in self.wakers.drain(..) {
             w.wake();
         }
         self.released.clear();
