@@ -432,10 +432,9 @@ impl Sim {
         }
         let p = self.wire[i].pop_front().expect("front");
         self.receive(j, &p);
-        if !self.hostile {
-            if let Some(QpFailure::Protocol(e)) = self.sides[j].proto.failure() {
-                panic!("side {j} called a well-behaved peer's {p:?} a violation: {e:?}");
-            }
+        if let (false, Some(QpFailure::Protocol(e))) = (self.hostile, self.sides[j].proto.failure())
+        {
+            panic!("side {j} called a well-behaved peer's {p:?} a violation: {e:?}");
         }
         self.acks[i].push_back(p);
         true
