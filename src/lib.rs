@@ -65,10 +65,12 @@ pub mod driver;
 mod endpoint;
 mod error;
 pub mod ops;
-#[cfg(feature = "bench-internals")]
+// The sans-IO core is private; the micro-benchmarks (`bench-internals`) and the fuzz targets
+// (`fuzz-internals`, fuzz/) reach it through a hidden module, never through the normal API.
+#[cfg(any(feature = "bench-internals", feature = "fuzz-internals"))]
 #[doc(hidden)]
 pub mod proto;
-#[cfg(not(feature = "bench-internals"))]
+#[cfg(not(any(feature = "bench-internals", feature = "fuzz-internals")))]
 mod proto;
 mod sys;
 pub mod verbs;

@@ -11,6 +11,12 @@ use crate::error::{Error, Result};
 /// check local lengths against it before posting. The rkey is a capability, so `Debug` does
 /// not print it. With the `serde` feature the token is serialisable for exchange.
 ///
+/// Every token's range lies inside the address space (`addr + len` does not overflow): each
+/// way to make one checks it ([`new`](RemoteToken::new) panics, [`try_new`](RemoteToken::try_new),
+/// [`from_bytes`](RemoteToken::from_bytes) and serde's `Deserialize` return an error), so
+/// [`slice`](RemoteToken::slice) and [`check`](RemoteToken::check) never compute an address
+/// past the end. Build tokens from a peer's announcement with `try_new` or `from_bytes`.
+///
 /// # Examples
 ///
 /// ```
@@ -22,7 +28,7 @@ use crate::error::{Error, Result};
 /// assert!(!format!("{t:?}").contains("1234"));
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RemoteToken {
     addr: u64,
     len: u64,
@@ -30,9 +36,42 @@ pub struct RemoteToken {
 }
 
 impl RemoteToken {
-    /// A token for `len` bytes at `addr` accessible with `rkey` (as received from a peer).
+    /// A token for `len` bytes at `addr` accessible with `rkey`, for a range known to be
+    /// valid (memory of this process, or a peer's announcement already checked). For values
+    /// straight from a peer use [`try_new`](Self::try_new).
+    ///
+    /// # Panics
+    ///
+    /// If the range wraps the address space (`addr + len` overflows `u64`).
+    #[track_caller]
     pub fn new(addr: u64, len: u64, rkey: u32) -> RemoteToken {
-        RemoteToken { addr, len, rkey }
+        match Self::try_new(addr, len, rkey) {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A token for `len` bytes at `addr` accessible with `rkey` (as received from a peer).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the range wraps the address space (`addr + len`
+    /// overflows `u64`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::buf::RemoteToken;
+    /// assert!(RemoteToken::try_new(0x1000, 4096, 7).is_ok());
+    /// assert!(RemoteToken::try_new(u64::MAX - 10, 11, 7).is_err());
+    /// ```
+    pub fn try_new(addr: u64, len: u64, rkey: u32) -> Result<RemoteToken> {
+        if addr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "remote token wraps the address space: {len} bytes at {addr:#x}"
+            )));
+        }
+        Ok(RemoteToken { addr, len, rkey })
     }
 
     /// The remote start address.
@@ -122,12 +161,24 @@ impl RemoteToken {
         let addr = u64::from_be_bytes(b[..8].try_into().expect("8 bytes"));
         let len = u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"));
         let rkey = u32::from_be_bytes(b[16..].try_into().expect("4 bytes"));
-        if addr.checked_add(len).is_none() {
-            return Err(Error::InvalidArgument(
-                "remote token wraps the address space".into(),
-            ));
+        RemoteToken::try_new(addr, len, rkey)
+    }
+}
+
+/// The derived form (a struct `RemoteToken` with fields `addr`, `len`, `rkey`), checked like
+/// [`RemoteToken::try_new`]: a token that wraps the address space is a deserialization error.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for RemoteToken {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename = "RemoteToken")]
+        struct Unchecked {
+            addr: u64,
+            len: u64,
+            rkey: u32,
         }
-        Ok(RemoteToken { addr, len, rkey })
+        let t = Unchecked::deserialize(d)?;
+        RemoteToken::try_new(t.addr, t.len, t.rkey).map_err(serde::de::Error::custom)
     }
 }
 
@@ -166,7 +217,44 @@ mod tests {
         let t = RemoteToken::new(0xdead_0000, 4096, 0x55);
         assert_eq!(RemoteToken::from_bytes(&t.to_bytes()).unwrap(), t);
         assert!(RemoteToken::from_bytes(&[0; 19]).is_err());
-        let wrap = RemoteToken::new(u64::MAX, 2, 1).to_bytes();
+        let mut wrap = [0u8; 20];
+        wrap[..8].copy_from_slice(&u64::MAX.to_be_bytes());
+        wrap[8..16].copy_from_slice(&2u64.to_be_bytes());
         assert!(RemoteToken::from_bytes(&wrap).is_err());
+    }
+
+    /// At 61ac8ac `new` built a token that wraps the address space; its `check` then
+    /// overflowed (a panic in debug builds, a wrapped address in release builds).
+    #[test]
+    #[should_panic(expected = "wraps the address space")]
+    fn new_refuses_a_range_that_wraps() {
+        let t = RemoteToken::new(u64::MAX - 1, 4, 1);
+        // Reached only without the check: the address computed here is past the end.
+        let _ = t.check(3, 1);
+    }
+
+    #[test]
+    fn the_largest_ranges_stay_in_the_address_space() {
+        let end = RemoteToken::new(u64::MAX - 4, 4, 1);
+        assert_eq!(end.check(3, 1).unwrap(), u64::MAX - 1);
+        assert_eq!(end.slice(4..).unwrap().addr(), u64::MAX);
+        assert!(RemoteToken::new(0, u64::MAX, 1).slice(u64::MAX..).is_ok());
+    }
+
+    /// At 61ac8ac the derived `Deserialize` accepted a token that wraps the address space.
+    #[cfg(feature = "serde")]
+    #[test]
+    fn deserialize_checks_the_range() {
+        use serde::Deserialize;
+        use serde::de::value::{Error as DeError, SeqDeserializer};
+        let de = |v: [u64; 3]| {
+            RemoteToken::deserialize(SeqDeserializer::<_, DeError>::new(v.into_iter()))
+        };
+        assert_eq!(
+            de([0x1000, 4096, 7]).unwrap(),
+            RemoteToken::new(0x1000, 4096, 7)
+        );
+        let err = de([u64::MAX - 1, 4, 1]).unwrap_err();
+        assert!(err.to_string().contains("wraps"), "{err}");
     }
 }

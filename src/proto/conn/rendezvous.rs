@@ -54,6 +54,14 @@ impl RemoteMsg {
         b
     }
 
+    /// The decoder of a received descriptor, for the fuzz targets only (`fuzz-internals`):
+    /// `seq` is the receiver's count, not a wire field.
+    #[cfg(feature = "fuzz-internals")]
+    #[doc(hidden)]
+    pub fn decode_received(b: &[u8], seq: u16) -> Result<RemoteMsg, ProtocolError> {
+        Self::decode(b, seq)
+    }
+
     fn decode(b: &[u8], seq: u16) -> Result<RemoteMsg, ProtocolError> {
         if b.len() != DESCRIPTOR_LEN as usize || b[20..24] != [0; 4] {
             return Err(ProtocolError::BadDescriptor);
