@@ -147,13 +147,14 @@ fn encode_info(buf: &mut RegisteredBuffer, addr: u64, rkey: u32, len: u32) {
     buf.write_at(0, &m);
 }
 
-fn decode_info(buf: &RegisteredBuffer) -> RemoteToken {
+/// The peer's advertisement, checked (a hostile address/length is refused, not trusted).
+fn decode_info(buf: &RegisteredBuffer) -> tokio_rdma::Result<RemoteToken> {
     let mut m = [0u8; INFO_LEN];
     buf.read_at(0, &mut m);
     let addr = u64::from_be_bytes(m[..8].try_into().expect("8 bytes"));
     let rkey = u32::from_be_bytes(m[8..12].try_into().expect("4 bytes"));
     let len = u32::from_be_bytes(m[12..].try_into().expect("4 bytes"));
-    RemoteToken::new(addr, u64::from(len), rkey)
+    RemoteToken::try_new(addr, u64::from(len), rkey)
 }
 
 /// rping's ping data for ping `n` (`rping_test_client`): "rdma-ping-N: ", then letters from
@@ -330,7 +331,7 @@ async fn server(args: &Args, done: &mut u32) -> Res<()> {
             Got::Message(buf) => buf,
             Got::Disconnected => break,
         };
-        let src = decode_info(&buf);
+        let src = decode_info(&buf)?;
         recv = post_recv(qp, buf);
         let len = src.len() as usize;
         if !(MIN_SIZE..=MAX_SIZE).contains(&len) {
@@ -362,7 +363,7 @@ async fn server(args: &Args, done: &mut u32) -> Res<()> {
         // The client's sink buffer: echo the string (with its NUL) there, as rping does.
         let sink = match wait_message(&conn, recv, "the client's sink address").await? {
             Got::Message(b) => {
-                let t = decode_info(&b);
+                let t = decode_info(&b)?;
                 recv = post_recv(qp, b);
                 t
             }

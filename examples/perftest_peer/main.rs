@@ -210,7 +210,8 @@ async fn run(args: &Args) -> Res<String> {
         check.dest(&raw, &d, args.test, size)?;
         peer = d;
     }
-    let token = |len: usize| RemoteToken::new(peer.vaddr, len as u64, peer.rkey);
+    // The peer's values, checked (a range that wraps is refused, not trusted).
+    let token = |len: usize| RemoteToken::try_new(peer.vaddr, len as u64, peer.rkey);
 
     // 4. The test.
     let mut h: Option<Histogram<u64>> = None;
@@ -223,7 +224,7 @@ async fn run(args: &Args) -> Res<String> {
         Test::WriteLat => {
             let target = local.target.as_ref().expect("write target");
             h = Some(
-                lat::write_lat(&conn, target, token(size), size, args.iters, client, STEP).await?,
+                lat::write_lat(&conn, target, token(size)?, size, args.iters, client, STEP).await?,
             );
         }
         Test::ReadLat | Test::AtomicLat if !client => {
@@ -254,12 +255,12 @@ async fn run(args: &Args) -> Res<String> {
             }
         }
         Test::ReadLat => {
-            h = Some(lat::read_lat(&conn, token(size), size, args.iters, STEP).await?);
+            h = Some(lat::read_lat(&conn, token(size)?, size, args.iters, STEP).await?);
             close_hand_shake(&mut comm, &mut check, &local.dest, args.test, size).await?;
         }
         Test::AtomicLat => {
             let (hist, first, last) =
-                lat::atomic_lat(&conn, token(8), args.atomic, args.iters, STEP).await?;
+                lat::atomic_lat(&conn, token(8)?, args.atomic, args.iters, STEP).await?;
             h = Some(hist);
             detail = format!("; returned values {first:#x}..={last:#x}");
             close_hand_shake(&mut comm, &mut check, &local.dest, args.test, size).await?;

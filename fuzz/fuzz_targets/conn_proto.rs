@@ -31,7 +31,7 @@ use libfuzzer_sys::fuzz_target;
 use tokio_rdma::QpFailure;
 use tokio_rdma::conn::handshake::{Flags, Negotiated, Params, negotiate};
 use tokio_rdma::conn::wire::{
-    CONTROL_RECVS, CONTROL_WINDOW, DESCRIPTOR_LEN, MsgHeader, MsgKind, RemoteMsg,
+    CONTROL_RECVS, DESCRIPTOR_LEN, MsgHeader, MsgKind, RemoteMsg,
 };
 use tokio_rdma::proto::conn::{ConnConfig, ConnProto, Delivery};
 
@@ -740,12 +740,6 @@ impl Sim {
             }
             if self.progress_marker() == before {
                 idle_rounds += 1;
-                if idle_rounds == 100
-                    && cfg!(feature = "tolerate-window-deadlock")
-                    && self.known_window_deadlock()
-                {
-                    return;
-                }
                 assert!(idle_rounds < 100, "deadlock: {}", self.describe());
             } else {
                 idle_rounds = 0;
@@ -776,19 +770,6 @@ impl Sim {
             );
         }
         out
-    }
-
-    /// The known defect that the `tolerate-window-deadlock` feature (on by default) lets
-    /// pass, until `ConnProto::poll_transmit` is fixed (fuzz/README.md): both sides have a
-    /// full control window and owe the other a confirmation, and each has an abort or end of
-    /// stream due, which `poll_transmit` prefers to the confirm-only credit message that has
-    /// room of its own; so neither sends anything. (In a real connection the keepalive
-    /// timeout then fails it.)
-    fn known_window_deadlock(&self) -> bool {
-        self.sides.iter().all(|s| {
-            let c = s.proto.credits();
-            s.proto.failure().is_none() && c.ctrl_unconfirmed() >= CONTROL_WINDOW && c.confirm_due()
-        })
     }
 
     fn progress_marker(&self) -> [usize; 7] {

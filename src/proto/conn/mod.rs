@@ -637,7 +637,19 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         };
         let confirm_only = kind == MsgKind::Credit && self.credits.confirm_due();
         if !self.take_control(now, confirm_only) {
-            // The peer has not confirmed our last control messages yet.
+            // The peer has not confirmed our last control messages yet. If it waits for our
+            // confirmation too, an abort or end of stream that does not fit must not keep the
+            // confirm-only credit message (room of its own) from going out.
+            if kind != MsgKind::Credit && self.credits.confirm_due() && self.take_control(now, true)
+            {
+                self.ctrl_blocked_since.get_or_insert(now);
+                self.counters.credit_messages += 1;
+                let imm = self.header(MsgKind::Credit);
+                return Some(Transmit {
+                    kind: MsgKind::Credit,
+                    imm,
+                });
+            }
             self.ctrl_blocked_since.get_or_insert(now);
             return None;
         }
