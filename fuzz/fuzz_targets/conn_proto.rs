@@ -149,6 +149,9 @@ fn config(u: &mut Unstructured<'_>, n: &Negotiated) -> Result<ConnConfig> {
         recv_budget: u.int_in_range(0..=4096)?.max(n.max_message_size),
         keepalive,
         keepalive_timeout: Duration::from_millis(u.int_in_range(1..=5000)?),
+        // Fixed (not drawn from the input, so the committed corpus keeps its meaning): the
+        // shell's default.
+        close_timeout: Duration::from_secs(30),
         rendezvous: n.rendezvous,
     })
 }
