@@ -40,7 +40,8 @@ impl AccessFlags {
     /// reports ODP ([`Context::odp_caps`](super::Context::odp_caps); soft-RoCE from Linux
     /// 6.14): registering with it elsewhere fails with
     /// [`Error::OdpUnsupported`](crate::Error::OdpUnsupported). Not a right: it changes how the
-    /// memory is registered, not who may access it.
+    /// memory is registered, not who may access it. On soft-RoCE (Linux 6.19, 7.3) only packets
+    /// that are whole, page-aligned pages are copied right (a kernel bug; `docs/memory.md`).
     pub const ON_DEMAND: AccessFlags = AccessFlags(sys::IBV_ACCESS_ON_DEMAND);
 
     /// The union of two sets of rights (usable in `const` items).
