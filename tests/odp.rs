@@ -7,7 +7,7 @@
 //!   memory after registering 1 GiB; an on-demand pool and registration cache.
 //! * `capability_error_without_odp`: the default 6.1 kernel, whose rxe has no ODP: the same API fails with
 //!   the capability error.
-#![allow(clippy::print_stdout, clippy::undocumented_unsafe_blocks)]
+#![allow(clippy::print_stdout)]
 
 mod common;
 
@@ -73,6 +73,8 @@ impl Mapping {
             Some(p) => (p.as_ptr().cast(), libc::MAP_FIXED),
             None => (std::ptr::null_mut(), 0),
         };
+        // SAFETY: a fresh private anonymous mapping (or, with MAP_FIXED, one replacing the test's
+        // own mapping at `at`); no Rust reference points into it.
         let p = unsafe {
             libc::mmap(
                 hint,
@@ -97,6 +99,7 @@ impl Mapping {
 
     /// `len` bytes of a shared mapping of `fd`.
     fn file(fd: libc::c_int, len: usize) -> Mapping {
+        // SAFETY: a shared mapping of the test's own memfd, at an address the kernel picks.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -130,6 +133,8 @@ impl Mapping {
     fn write(&self, offset: usize, data: &[u8]) {
         assert!(offset + data.len() <= self.len);
         for (i, b) in data.iter().enumerate() {
+            // SAFETY: in bounds (asserted) of a mapping of `len` bytes; volatile byte writes create
+            // no references, so the device writing it meanwhile is not undefined behaviour.
             unsafe { self.ptr.as_ptr().add(offset + i).write_volatile(*b) };
         }
     }
@@ -137,11 +142,14 @@ impl Mapping {
     fn read(&self, offset: usize, len: usize) -> Vec<u8> {
         assert!(offset + len <= self.len);
         (0..len)
+            // SAFETY: in bounds (asserted) of the mapping; volatile reads, as in `write`.
             .map(|i| unsafe { self.ptr.as_ptr().add(offset + i).read_volatile() })
             .collect()
     }
 
     fn madvise_dontneed(&self, offset: usize, len: usize) {
+        // SAFETY: the range lies inside the test's own anonymous mapping, which no reference points
+        // into.
         let rc = unsafe {
             libc::madvise(
                 self.ptr.as_ptr().add(offset).cast(),
@@ -153,6 +161,8 @@ impl Mapping {
     }
 
     fn unmap(self) {
+        // SAFETY: the test's own mapping, unmapped once; the grants over it are gone or only reach
+        // it through the device.
         let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
         assert_eq!(rc, 0, "munmap: {}", std::io::Error::last_os_error());
     }
@@ -410,9 +420,11 @@ async fn odp_grant_file_backed_and_remapped() {
     // A file-backed mapping (memfd: a tmpfs file), its contents written with write(2) only:
     // the mapping's pages are never touched by the process before the peer reads them.
     let len = 1 << 20;
+    // SAFETY: a plain system call with a NUL-terminated name.
     let fd = unsafe { libc::memfd_create(c"odp-test".as_ptr(), 0) };
     assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
     let content = payload(4, len);
+    // SAFETY: `content` is `len` readable bytes; `fd` is the memfd just created.
     let n = unsafe { libc::write(fd, content.as_ptr().cast(), len) };
     assert_eq!(n, len as isize);
     let file = Mapping::file(fd, len);
@@ -425,6 +437,7 @@ async fn odp_grant_file_backed_and_remapped() {
     let data = payload(5, len / 2);
     peer_write(&peer, &token, len / 4, &data).await;
     let mut back = vec![0u8; len];
+    // SAFETY: `back` has room for `len` bytes.
     let n = unsafe { libc::pread(fd, back.as_mut_ptr().cast(), len, 0) };
     assert_eq!(n, len as isize);
     assert!(back[..len / 4] == content[..len / 4]);
@@ -435,6 +448,7 @@ async fn odp_grant_file_backed_and_remapped() {
     assert!(back[len / 4 + len / 2..] == content[len / 4 + len / 2..]);
     drop(grant);
     file.unmap();
+    // SAFETY: the test's own memfd, closed once (its mapping is unmapped already).
     unsafe { libc::close(fd) };
 
     // Re-mapped: the owner unmaps the granted range and maps new memory at the same address.
@@ -483,6 +497,7 @@ async fn odp_access_to_an_unmapped_page_fails_that_operation() {
         .expect("ODP grant");
     let token = grant.token();
     // Unmap the third page: the registration still covers it, nothing is mapped there.
+    // SAFETY: the third page of the test's own mapping, which nothing in this process references.
     let rc = unsafe { libc::munmap(mem.ptr.as_ptr().add(2 * PAGE).cast(), PAGE) };
     assert_eq!(rc, 0);
     // The pages still mapped are readable.
@@ -530,6 +545,7 @@ async fn odp_access_to_an_unmapped_page_fails_that_operation() {
     drop(owner);
     first.unmap();
     Mapping {
+        // SAFETY: `3 * PAGE` is inside the original 4-page mapping.
         ptr: NonNull::new(unsafe { mem.ptr.as_ptr().add(3 * PAGE) }).unwrap(),
         len: PAGE,
     }
@@ -558,6 +574,7 @@ async fn odp_registering_1_gib_pins_nothing() {
     let rss = status_kb("VmRSS");
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::ON_DEMAND;
     let t = std::time::Instant::now();
+    // SAFETY: `mem` stays mapped until after `odp` is dropped below.
     let odp = unsafe { MemoryRegion::register(&pd, mem.ptr.as_ptr(), mem.len, access) }
         .expect("1 GiB on demand");
     let took = t.elapsed();
@@ -594,6 +611,8 @@ async fn odp_registering_1_gib_pins_nothing() {
     drop(odp);
     mem.unmap();
     // Implicit ODP: rxe does not report it, so the clear capability error.
+    // SAFETY: the call fails (rxe has no implicit ODP) before anything is registered; had it
+    // succeeded, the region gives no remote rights.
     let err = unsafe { MemoryRegion::register_implicit(&pd, AccessFlags::LOCAL_WRITE) }
         .expect_err("rxe has no implicit ODP");
     println!("implicit ODP: {err}");
@@ -642,7 +661,12 @@ async fn odp_pool_and_registration_cache_follow_remapped_memory() {
     let mem = Mapping::anon(len, None);
     mem.write(0, &payload(11, len));
     // SAFETY: on demand, the cache follows the mapping (CacheConfig::on_demand).
+    // SAFETY: on demand, the cache follows the mapping (CacheConfig::on_demand); the memory sent is
+    // the test's own mapping, re-mapped at the same address and unmapped only after the last send
+    // completed.
     let cache = unsafe { b.registration_cache(CacheConfig::default().on_demand(true)) };
+    // SAFETY: `len` bytes of the test's mapping; only read (by the device and the send path) while
+    // mapped at this address, never written through this slice.
     let slice: &'static [u8] = unsafe { std::slice::from_raw_parts(mem.ptr.as_ptr(), len) };
     b.send_bytes(bytes::Bytes::from_static(slice))
         .await
