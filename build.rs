@@ -61,6 +61,8 @@ fn main() {
         .allowlist_function("___ibv_query_port")
         .allowlist_type("ibv_.*")
         .allowlist_type("rdma_.*")
+        // `ibv_advise_mr`'s advice and flags are macros naming these kernel ABI enums.
+        .allowlist_type("ib_uverbs_advise_mr_.*")
         .allowlist_var("IBV_.*")
         .allowlist_var("RDMA_.*")
         // Deprecated or compat entry points we never want to call by mistake.

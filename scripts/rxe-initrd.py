@@ -38,10 +38,15 @@ REQUIRED = [
     "9p",
     "ib_uverbs",
     "rdma_rxe",
-    "crc32_generic",  # rxe looks up "crc32" in the crypto API: without it `rdma link add` fails
     "rdma_ucm",  # RDMA CM from user space (rdma_cm, iw_cm, ib_cm, configfs come as dependencies)
     "dummy",  # rxe cannot be bound to lo: it sits on dummy0
     "overlay",  # the guest's /tmp: the host's /tmp (read-only) under a writable tmpfs
+]
+# Loaded with the required ones when the kernel has them as modules.
+IF_PRESENT = [
+    # rxe up to Linux 6.14 looks up "crc32" in the crypto API: without it `rdma link add` fails.
+    # Later rxe calls the crc32 library directly and the module is gone (crc32-cryptoapi).
+    "crc32_generic",
 ]
 # Shipped when the kernel has them, loaded only on request: useful for some tests, not needed
 # to boot (loading them costs about 0.5 s under TCG).
@@ -109,6 +114,9 @@ def load_orders(mdir):
             visit(by_name[name], required)
         elif name not in builtin:
             sys.exit(f"rxe-initrd: module {name} is neither a module nor built into this kernel")
+    for name in IF_PRESENT:
+        if name in by_name:
+            visit(by_name[name], required)
     for name in OPTIONAL:
         if name in by_name:
             visit(by_name[name], extra)

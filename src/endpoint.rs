@@ -466,6 +466,27 @@ impl Endpoint {
         &self.inner.ctx
     }
 
+    /// What the device offers for on-demand paging ([`Context::odp_caps`]): whether pools
+    /// ([`PoolConfig::on_demand`](crate::buf::PoolConfig::on_demand)), registration caches
+    /// ([`CacheConfig::on_demand`](crate::buf::CacheConfig::on_demand)) and grants
+    /// ([`RemoteAccess::ON_DEMAND`](crate::buf::RemoteAccess::ON_DEMAND)) can register on
+    /// demand here.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tokio_rdma::verbs::OdpOps;
+    /// let ep = tokio_rdma::Endpoint::open("rxe0")?;
+    /// let odp = ep.odp_caps();
+    /// if odp.supported && odp.rc.contains(OdpOps::READ | OdpOps::WRITE) {
+    ///     println!("grants can be on demand");
+    /// }
+    /// # Ok::<(), tokio_rdma::Error>(())
+    /// ```
+    pub fn odp_caps(&self) -> crate::verbs::OdpCaps {
+        self.inner.ctx.odp_caps()
+    }
+
     /// The options in force.
     pub fn options(&self) -> &EndpointOptions {
         &self.inner.opts

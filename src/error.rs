@@ -409,6 +409,30 @@ pub enum Error {
         /// Bytes the refused connection needed.
         needed: u64,
     },
+    /// Memory was to be registered on demand ([`AccessFlags::ON_DEMAND`](crate::verbs::AccessFlags::ON_DEMAND))
+    /// but the device does not offer what that needs ([`Context::odp_caps`](crate::verbs::Context::odp_caps)).
+    ///
+    /// What to do: register pinned (without `ON_DEMAND`), or use a device with ODP:
+    /// soft-RoCE (`rdma_rxe`) has it from Linux 6.14 (RC send, receive, READ, WRITE and atomics;
+    /// no implicit ODP); `scripts/rxe-vm --kernel 6.19` boots such a kernel.
+    #[error(
+        "{device} does not support {missing}; soft-RoCE (rdma_rxe) has on-demand paging from {}, \
+         without implicit ODP; register pinned memory instead",
+        crate::verbs::RXE_ODP_SINCE
+    )]
+    OdpUnsupported {
+        /// The device.
+        device: String,
+        /// The capability it lacks.
+        missing: crate::verbs::OdpMissing,
+    },
+    /// `ibv_advise_mr` (a prefetch of on-demand memory) failed.
+    ///
+    /// What to do: `EOPNOTSUPP`: the device cannot prefetch (soft-RoCE got prefetch later than ODP; the 6.19 kernel of `scripts/rxe-vm` has it):
+    /// let the first access fault the pages in; `EINVAL`/`ENOENT`: the range or key is not an
+    /// on-demand region of this protection domain.
+    #[error("ibv_advise_mr failed{}", cause(Call::Other, .0))]
+    AdviseMr(#[source] io::Error),
     /// The device, or the buffer, does not support what was asked.
     ///
     /// What to do: do without the feature the message names, or use a device that has it.
@@ -738,7 +762,7 @@ impl From<Error> for io::Error {
             }
             Error::Timeout { .. } => io::ErrorKind::TimedOut,
             Error::QpFailed(QpFailure::Disconnected) => io::ErrorKind::ConnectionReset,
-            Error::Unsupported(_) => io::ErrorKind::Unsupported,
+            Error::Unsupported(_) | Error::OdpUnsupported { .. } => io::ErrorKind::Unsupported,
             Error::ReceiveBudgetExhausted { .. } | Error::MemoryBudgetExhausted { .. } => {
                 io::ErrorKind::OutOfMemory
             }

@@ -52,15 +52,35 @@ impl RemoteAccess {
     pub const WRITE: RemoteAccess = RemoteAccess(2);
     /// The peer may perform atomics (8-byte aligned words).
     pub const ATOMIC: RemoteAccess = RemoteAccess(4);
+    /// Not a right but how the grant is registered: on demand
+    /// ([`AccessFlags::ON_DEMAND`], ODP), pinning nothing; the peer's accesses fault pages in
+    /// (pages never touched, dropped with `MADV_DONTNEED`, or of a file mapping) and follow the
+    /// mapping if it is replaced. Always a dedicated registration ([`GrantKind::Region`]).
+    /// Needs a device with ODP for the rights asked
+    /// ([`Endpoint::odp_caps`](crate::Endpoint::odp_caps)), else the grant fails with
+    /// [`Error::OdpUnsupported`]. An access to a page that is not mapped fails the peer's
+    /// operation (and, RC being what it is, its connection).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::buf::RemoteAccess;
+    /// let odp = RemoteAccess::READ | RemoteAccess::ON_DEMAND;
+    /// assert!(!odp.is_empty() && !odp.can_modify());
+    /// assert!((RemoteAccess::ON_DEMAND).is_empty()); // no right
+    /// ```
+    pub const ON_DEMAND: RemoteAccess = RemoteAccess(8);
+
+    const RIGHTS: u8 = 7;
 
     /// Whether every right in `other` is in `self`.
     pub fn contains(self, other: RemoteAccess) -> bool {
         self.0 & other.0 == other.0
     }
 
-    /// Whether no right is set.
+    /// Whether no right is set ([`ON_DEMAND`](Self::ON_DEMAND) is not one).
     pub fn is_empty(self) -> bool {
-        self.0 == 0
+        self.0 & Self::RIGHTS == 0
     }
 
     /// The verbs remote access flags for these rights.
@@ -74,6 +94,9 @@ impl RemoteAccess {
         }
         if self.contains(Self::ATOMIC) {
             f |= AccessFlags::REMOTE_ATOMIC;
+        }
+        if self.contains(Self::ON_DEMAND) {
+            f |= AccessFlags::ON_DEMAND;
         }
         f
     }
@@ -97,6 +120,7 @@ impl fmt::Debug for RemoteAccess {
             (Self::READ, "READ"),
             (Self::WRITE, "WRITE"),
             (Self::ATOMIC, "ATOMIC"),
+            (Self::ON_DEMAND, "ON_DEMAND"),
         ];
         let set: Vec<&str> = names
             .iter()
@@ -228,7 +252,8 @@ impl<B: IoBufMut> Grant<B> {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for no rights or a range that is empty or not within the
-    /// buffer's initialised bytes; registration errors ([`Error::MemlockExhausted`], ...).
+    /// buffer's initialised bytes; registration errors ([`Error::MemlockExhausted`], ...;
+    /// [`Error::OdpUnsupported`] for [`RemoteAccess::ON_DEMAND`] on a device without ODP).
     pub fn region(
         pd: &ProtectionDomain,
         mut buf: B,
@@ -285,7 +310,11 @@ impl<B: GrantBuf> Grant<B> {
         let ctx = qp.pd().context();
         let windows = ctx.device_attr().supports_mw_type2() && MemoryWindow::bounds_enforced(ctx);
         // A driven queue pair's work requests belong to its driver: no bind posted by hand.
-        if windows && !qp.is_driven() && buf.window_region().is_some() {
+        if windows
+            && !qp.is_driven()
+            && buf.window_region().is_some()
+            && !access.contains(RemoteAccess::ON_DEMAND)
+        {
             Grant::window(qp, buf, range, access, wr_id, wait)
         } else {
             Grant::region(qp.pd(), buf, range, access)
@@ -320,6 +349,13 @@ impl<B: GrantBuf> Grant<B> {
             // The bind's completion would reach the driver's table under `wr_id`, resolving
             // (or corrupting) whichever operation holds that id.
             return Err(Error::DriverOwned("queue pair"));
+        }
+        if access.contains(RemoteAccess::ON_DEMAND) {
+            return Err(Error::InvalidArgument(
+                "a window grant uses the buffer's own registration; RemoteAccess::ON_DEMAND \
+                 needs a dedicated registration (Grant::region)"
+                    .into(),
+            ));
         }
         if !ctx.device_attr().supports_mw_type2() {
             return Err(Error::Unsupported(format!(

@@ -5,7 +5,7 @@
 use std::fmt;
 
 use crate::error::Result;
-use crate::verbs::{AccessFlags, MemoryRegion, ProtectionDomain, explain_reg_error};
+use crate::verbs::{AccessFlags, MemoryRegion, OdpOps, ProtectionDomain, explain_reg_error};
 
 /// A live registration of a range of memory: deregistered when dropped.
 ///
@@ -79,6 +79,17 @@ pub trait Registrar: Send + Sync + fmt::Debug + 'static {
     fn supports_windows(&self) -> bool {
         false
     }
+
+    /// Checks that registrations with `access` can serve the RC operations `ops` (for
+    /// [`AccessFlags::ON_DEMAND`]: the device's ODP capabilities). The default accepts all.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OdpUnsupported`](crate::Error::OdpUnsupported) naming what is missing.
+    fn require(&self, access: AccessFlags, ops: OdpOps) -> Result<()> {
+        let _ = (access, ops);
+        Ok(())
+    }
 }
 
 /// The real [`Registrar`]: `ibv_reg_mr` in a protection domain.
@@ -125,5 +136,9 @@ impl Registrar for MrRegistrar {
 
     fn supports_windows(&self) -> bool {
         self.pd.context().device_attr().supports_mw_type2()
+    }
+
+    fn require(&self, access: AccessFlags, ops: OdpOps) -> Result<()> {
+        self.pd.context().require_odp(access, ops, false)
     }
 }

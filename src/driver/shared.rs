@@ -182,12 +182,20 @@ impl Deferred {
 
     /// Wakes and drops. Call without the lock.
     pub(crate) fn run(&mut self) {
-        for w in self.wakers.drain(..) {
-            w.wake();
+        // Each list is looked at only if it holds something: most runs have nothing to do,
+        // and a drain's setup and drop cost instructions on every poll.
+        if !self.wakers.is_empty() {
+            for w in self.wakers.drain(..) {
+                w.wake();
+            }
         }
-        self.released.clear();
-        for s in self.sinks.drain(..) {
-            s.after_unlock();
+        if !self.released.is_empty() {
+            self.released.clear();
+        }
+        if !self.sinks.is_empty() {
+            for s in self.sinks.drain(..) {
+                s.after_unlock();
+            }
         }
     }
 }

@@ -9,6 +9,7 @@ use tracing::debug;
 use super::cm::CmId;
 use super::cm_device::CmDeviceList;
 use super::device::DeviceList;
+use super::odp::{OdpCaps, query_odp_caps};
 use super::types::{Gid, GidType, Mtu, PortState};
 use crate::error::{Error, Result};
 use crate::sys;
@@ -35,6 +36,7 @@ struct ContextInner {
     ctx: NonNull<sys::ibv_context>,
     name: String,
     attr: DeviceAttr,
+    odp: OdpCaps,
     owner: Owner,
 }
 
@@ -239,12 +241,14 @@ impl Context {
                 return Err(e);
             }
         };
-        debug!(device = %name, ?attr, "opened RDMA device");
+        let odp = query_odp_caps(ctx);
+        debug!(device = %name, ?attr, ?odp, "opened RDMA device");
         Ok(Context {
             inner: Arc::new(ContextInner {
                 ctx,
                 name,
                 attr,
+                odp,
                 owner: Owner::Verbs,
             }),
         })
@@ -304,12 +308,14 @@ impl Context {
                 .to_string_lossy()
                 .into_owned();
         let attr = query_device(ctx)?;
+        let odp = query_odp_caps(ctx);
         debug!(device = %name, "using the RDMA CM device context");
         Ok(Context {
             inner: Arc::new(ContextInner {
                 ctx,
                 name,
                 attr,
+                odp,
                 owner: Owner::RdmaCm { _devices: list },
             }),
         })
@@ -329,6 +335,43 @@ impl Context {
     /// The device capabilities, queried once when the device was opened.
     pub fn device_attr(&self) -> &DeviceAttr {
         &self.inner.attr
+    }
+
+    /// What the device offers for on-demand paging (ODP), read with `ibv_query_device_ex`
+    /// when the device was opened. All false / empty on a device without ODP (soft-RoCE
+    /// before Linux 6.14).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let ctx = tokio_rdma::verbs::Context::open("rxe0")?;
+    /// let odp = ctx.odp_caps();
+    /// println!("ODP {} implicit {} RC {}", odp.supported, odp.implicit, odp.rc);
+    /// # Ok::<(), tokio_rdma::Error>(())
+    /// ```
+    pub fn odp_caps(&self) -> OdpCaps {
+        self.inner.odp
+    }
+
+    /// Checks that memory registered with `access` can be used for the RC operations `ops`
+    /// on this device (nothing to check without [`AccessFlags::ON_DEMAND`](super::AccessFlags::ON_DEMAND)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OdpUnsupported`] naming the missing capability.
+    pub fn require_odp(
+        &self,
+        access: super::AccessFlags,
+        ops: super::OdpOps,
+        implicit: bool,
+    ) -> Result<()> {
+        self.inner
+            .odp
+            .check(access, ops, implicit)
+            .map_err(|missing| Error::OdpUnsupported {
+                device: self.inner.name.clone(),
+                missing,
+            })
     }
 
     /// Queries a port's attributes (ports are numbered from 1).

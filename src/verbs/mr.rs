@@ -30,23 +30,36 @@ unsafe impl Sync for MemoryRegion {}
 impl MemoryRegion {
     /// Registers `len` bytes at `addr` with `access` rights.
     ///
+    /// With [`AccessFlags::ON_DEMAND`] the region is registered on demand (ODP): nothing is
+    /// pinned or counted against `RLIMIT_MEMLOCK`, pages are faulted in when the device
+    /// touches them, and the region follows the process's mappings (a range unmapped and
+    /// mapped again is seen with its new pages). The device must report ODP for the remote
+    /// rights asked for ([`Context::odp_caps`](super::Context::odp_caps)).
+    ///
     /// # Safety
     ///
     /// The memory must stay allocated (and not be remapped) until the region is dropped, and
     /// for as long as any work request or remote peer may still use its keys. With remote
     /// access the peer may write it at any time: the caller must not hold `&`/`&mut` references
-    /// to it that assume it does not change.
+    /// to it that assume it does not change. With `ON_DEMAND`, remapping is not a memory
+    /// safety problem for the device (it follows the mapping, and an access to an unmapped
+    /// page fails that work request), but whatever is mapped in the range later is reachable
+    /// with the region's keys.
     ///
     /// # Errors
     ///
-    /// [`Error::MemlockExhausted`] (naming the limit) for `ENOMEM`/`EPERM` while
-    /// `RLIMIT_MEMLOCK` is finite; otherwise [`Error::RegMr`] with the errno.
+    /// [`Error::OdpUnsupported`] for `ON_DEMAND` on a device without the needed ODP
+    /// capability (checked before calling the verb); [`Error::MemlockExhausted`] (naming the
+    /// limit) for `ENOMEM`/`EPERM` while `RLIMIT_MEMLOCK` is finite; otherwise
+    /// [`Error::RegMr`] with the errno.
     pub unsafe fn register(
         pd: &ProtectionDomain,
         addr: *mut u8,
         len: usize,
         access: AccessFlags,
     ) -> Result<MemoryRegion> {
+        pd.context()
+            .require_odp(access, super::OdpOps::NONE, false)?;
         let flags = i32::try_from(access.bits()).unwrap_or(0);
         // SAFETY: the PD is alive (the MR keeps a clone); the caller guarantees the memory.
         let mr = unsafe { sys::ibv_reg_mr(pd.as_ptr(), addr.cast(), len, flags) };
@@ -58,6 +71,51 @@ impl MemoryRegion {
             access,
             pd: pd.clone(),
         })
+    }
+
+    /// Registers the process's whole address space on demand (implicit ODP:
+    /// `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | access)`): one lkey (and rkey,
+    /// with remote rights) valid for any address of the process, faulted in as used.
+    /// [`AccessFlags::ON_DEMAND`] is added to `access`.
+    ///
+    /// # Safety
+    ///
+    /// Every mapping of the process, now and later, becomes reachable by the device through
+    /// the region's keys: with remote rights, a peer holding the rkey can read or write any
+    /// memory of the process. Give remote rights only to a fully trusted peer, and never hold
+    /// `&`/`&mut` references to memory a peer may write.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OdpUnsupported`] ([`OdpMissing::Implicit`](super::OdpMissing::Implicit)) when
+    /// the device does not report implicit ODP (soft-RoCE does not); [`Error::RegMr`].
+    pub unsafe fn register_implicit(
+        pd: &ProtectionDomain,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        let access = access | AccessFlags::ON_DEMAND;
+        pd.context()
+            .require_odp(access, super::OdpOps::NONE, true)?;
+        let flags = i32::try_from(access.bits()).unwrap_or(0);
+        // SAFETY: the PD is alive (the MR keeps a clone); a null address with `SIZE_MAX` is the
+        // documented implicit-ODP form, which pins nothing; the caller accepts the exposure.
+        let mr = unsafe { sys::ibv_reg_mr(pd.as_ptr(), std::ptr::null_mut(), usize::MAX, flags) };
+        let mr = NonNull::new(mr).ok_or_else(|| {
+            Error::last_os(|source| Error::RegMr {
+                len: usize::MAX,
+                source,
+            })
+        })?;
+        Ok(MemoryRegion {
+            mr,
+            access,
+            pd: pd.clone(),
+        })
+    }
+
+    /// Whether the region was registered on demand (ODP, nothing pinned).
+    pub fn is_on_demand(&self) -> bool {
+        self.access.contains(AccessFlags::ON_DEMAND)
     }
 
     /// Start address of the region.
@@ -158,12 +216,14 @@ unsafe impl Sync for RegisteredBuffer {}
 const PAGE: usize = 4096;
 
 impl RegisteredBuffer {
-    /// Allocates `len` zeroed bytes (page aligned) and registers them with `access`.
+    /// Allocates `len` zeroed bytes (page aligned) and registers them with `access`
+    /// (with [`AccessFlags::ON_DEMAND`]: on demand, nothing pinned).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for `len == 0`; [`Error::MemlockExhausted`] or
-    /// [`Error::RegMr`] if registration fails (see [`MemoryRegion::register`]).
+    /// [`Error::InvalidArgument`] for `len == 0`; [`Error::OdpUnsupported`],
+    /// [`Error::MemlockExhausted`] or [`Error::RegMr`] if registration fails (see
+    /// [`MemoryRegion::register`]).
     pub fn new(pd: &ProtectionDomain, len: usize, access: AccessFlags) -> Result<RegisteredBuffer> {
         if len == 0 {
             return Err(Error::InvalidArgument(
@@ -223,6 +283,11 @@ impl RegisteredBuffer {
     /// The registration's access rights.
     pub fn access(&self) -> AccessFlags {
         self.mr().access()
+    }
+
+    /// The memory region (for [`MemoryRegion::prefetch`] of an on-demand buffer).
+    pub fn memory_region(&self) -> &MemoryRegion {
+        self.mr()
     }
 
     /// A scatter/gather entry for `range` of this buffer.

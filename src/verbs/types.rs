@@ -35,6 +35,14 @@ impl AccessFlags {
     pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(sys::IBV_ACCESS_REMOTE_ATOMIC);
     /// Memory windows may be bound to this region.
     pub const MW_BIND: AccessFlags = AccessFlags(sys::IBV_ACCESS_MW_BIND);
+    /// Register on demand (ODP, `IBV_ACCESS_ON_DEMAND`): nothing is pinned; the device faults
+    /// pages in when it touches them and follows the process's mappings. Needs a device that
+    /// reports ODP ([`Context::odp_caps`](super::Context::odp_caps); soft-RoCE from Linux
+    /// 6.14): registering with it elsewhere fails with
+    /// [`Error::OdpUnsupported`](crate::Error::OdpUnsupported). Not a right: it changes how the
+    /// memory is registered, not who may access it. On soft-RoCE (Linux 6.19, 7.3) only packets
+    /// that are whole, page-aligned pages are copied right (a kernel bug; `docs/memory.md`).
+    pub const ON_DEMAND: AccessFlags = AccessFlags(sys::IBV_ACCESS_ON_DEMAND);
 
     /// The union of two sets of rights (usable in `const` items).
     pub const fn union(self, other: AccessFlags) -> AccessFlags {
@@ -82,6 +90,7 @@ impl fmt::Debug for AccessFlags {
             (Self::REMOTE_READ, "REMOTE_READ"),
             (Self::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
             (Self::MW_BIND, "MW_BIND"),
+            (Self::ON_DEMAND, "ON_DEMAND"),
         ];
         let set: Vec<&str> = names
             .iter()

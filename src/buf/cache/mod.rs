@@ -47,6 +47,7 @@ use crate::verbs::{AccessFlags, BASE_PAGE_SIZE, ProtectionDomain};
 pub struct CacheConfig {
     max_bytes: u64,
     whole_mappings: Option<u64>,
+    on_demand: bool,
 }
 
 impl Default for CacheConfig {
@@ -54,6 +55,7 @@ impl Default for CacheConfig {
         CacheConfig {
             max_bytes: 1 << 30,
             whole_mappings: None,
+            on_demand: false,
         }
     }
 }
@@ -73,6 +75,31 @@ impl CacheConfig {
     pub fn whole_mappings(mut self, max: Option<u64>) -> CacheConfig {
         self.whole_mappings = max;
         self
+    }
+
+    /// Register on demand ([`AccessFlags::ON_DEMAND`], default `false`): nothing is pinned,
+    /// and each registration follows the process's mappings, so memory freed and mapped again
+    /// at a cached address is sent with its new bytes (the stale-pages hazard of
+    /// [`RegCache::new`] does not arise; an access to a range unmapped meanwhile fails that
+    /// operation instead of reaching other memory). Needs a device with ODP
+    /// ([`Endpoint::odp_caps`](crate::Endpoint::odp_caps)); elsewhere the first miss fails with
+    /// [`Error::OdpUnsupported`](crate::Error::OdpUnsupported).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::buf::CacheConfig;
+    /// let cfg = CacheConfig::default().on_demand(true).max_bytes(64 << 30);
+    /// assert!(cfg.is_on_demand());
+    /// ```
+    pub fn on_demand(mut self, yes: bool) -> CacheConfig {
+        self.on_demand = yes;
+        self
+    }
+
+    /// Whether the cache registers on demand.
+    pub fn is_on_demand(&self) -> bool {
+        self.on_demand
     }
 }
 
@@ -260,7 +287,11 @@ impl RegCache {
     /// that holds it) must not be unmapped or remapped (`munmap`, `mremap`, e.g. by `realloc`
     /// of a large buffer, `madvise(MADV_DONTNEED)`, a file mapping truncated or replaced)
     /// while it is cached: call [`invalidate`](Self::invalidate) first. Otherwise the device
-    /// could access pages that now belong to other memory.
+    /// could access pages that now belong to other memory. With [`CacheConfig::on_demand`]
+    /// the registrations follow the mappings instead, and this hazard does not arise: the
+    /// contract is then only that memory mapped at a cached address later may be reached
+    /// through the cache's keys (by this process's own operations; the cache grants no
+    /// remote access).
     pub unsafe fn new(registrar: impl Registrar, config: CacheConfig) -> RegCache {
         RegCache {
             inner: Arc::new(CacheInner {
@@ -355,11 +386,14 @@ impl RegCache {
 
     fn register(&self, start: u64, end: u64, writable: bool) -> Result<Arc<Cached>> {
         let len = (end - start) as usize;
-        let access = if writable {
+        let mut access = if writable {
             AccessFlags::LOCAL_WRITE
         } else {
             AccessFlags::NONE
         };
+        if self.inner.config.on_demand {
+            access |= AccessFlags::ON_DEMAND;
+        }
         // SAFETY: the range is page-rounded around memory the caller named (or a whole mapping
         // holding it); `RegCache::new`'s contract keeps it mapped while cached or leased.
         let reg = unsafe {

@@ -49,7 +49,7 @@ use self::freelist::{FreeList, home_hint};
 use self::waiters::{Registered, WaitQueue};
 use super::registrar::{MrRegistrar, Registrar, Registration};
 use crate::error::{Error, Result};
-use crate::verbs::{AccessFlags, HugePages, PageMapping, ProtectionDomain};
+use crate::verbs::{AccessFlags, HugePages, OdpOps, PageMapping, ProtectionDomain};
 
 /// Slot sizes are rounded up to this, so every buffer is cache-line (and 8-byte) aligned.
 const SLOT_ALIGN: usize = 64;
@@ -101,6 +101,7 @@ pub struct PoolConfig {
     huge_pages: HugePages,
     shards: usize,
     windows: Option<bool>,
+    on_demand: bool,
 }
 
 impl Default for PoolConfig {
@@ -114,6 +115,7 @@ impl Default for PoolConfig {
             huge_pages: HugePages::Auto,
             shards: 0,
             windows: None,
+            on_demand: false,
         }
     }
 }
@@ -147,6 +149,30 @@ impl PoolConfig {
     pub fn memory_windows(mut self, yes: bool) -> PoolConfig {
         self.windows = Some(yes);
         self
+    }
+
+    /// Register the classes on demand ([`AccessFlags::ON_DEMAND`], default `false`): nothing
+    /// is pinned and pages are faulted in as buffers are first used, so a large pool costs no
+    /// locked memory and registers in constant time; the first use of each page pays a
+    /// fault (docs/benchmarks.md). The device must offer ODP for RC send and receive
+    /// ([`Endpoint::odp_caps`](crate::Endpoint::odp_caps)), else creating the pool fails with
+    /// [`Error::OdpUnsupported`](crate::Error::OdpUnsupported).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio_rdma::buf::{PoolConfig, SizeClass};
+    /// let big = PoolConfig::default().classes([SizeClass::new(1 << 20, 1024)]).on_demand(true);
+    /// assert!(big.is_on_demand());
+    /// ```
+    pub fn on_demand(mut self, yes: bool) -> PoolConfig {
+        self.on_demand = yes;
+        self
+    }
+
+    /// Whether the pool registers on demand.
+    pub fn is_on_demand(&self) -> bool {
+        self.on_demand
     }
 }
 
@@ -250,6 +276,10 @@ impl Pool {
         let mut access = AccessFlags::LOCAL_WRITE;
         if windows {
             access |= AccessFlags::MW_BIND;
+        }
+        if config.on_demand {
+            access |= AccessFlags::ON_DEMAND;
+            registrar.require(access, OdpOps::SEND | OdpOps::RECV)?;
         }
         let mut built = Vec::with_capacity(classes.len());
         let mut huge = true;
