@@ -217,7 +217,7 @@ impl EndpointOptions {
 ///     "rxe0",
 ///     EndpointOptions::default().completion_mode(CompletionMode::BusyPoll),
 /// )?;
-/// let conn = ep.connect("192.0.2.1:7471".parse().unwrap(), ConnectOptions::default()).await?;
+/// let conn = ep.connect("192.0.2.1:7471", ConnectOptions::default()).await?;
 /// conn.send(b"ping").await?;
 /// # Ok(()) }
 /// ```
@@ -323,8 +323,15 @@ impl Endpoint {
     /// # Cancel safety
     ///
     /// Dropping the future abandons the attempt; the half-made connection is torn down.
-    pub async fn connect(&self, addr: SocketAddr, opts: ConnectOptions) -> Result<Connection> {
-        Connection::connect_on(Some(self.clone()), addr, opts).await
+    pub async fn connect(
+        &self,
+        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
+        opts: ConnectOptions,
+    ) -> Result<Connection> {
+        crate::conn::resolve_first_ok(addr, |a| {
+            Connection::connect_on(Some(self.clone()), a, opts.clone())
+        })
+        .await
     }
 
     /// Listens on `addr` (a local address of this endpoint's device, or a wildcard; requests
@@ -337,7 +344,10 @@ impl Endpoint {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future before it resolves leaves nothing listening.
-    pub async fn listen(&self, addr: SocketAddr) -> Result<Listener> {
+    pub async fn listen(
+        &self,
+        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
+    ) -> Result<Listener> {
         self.listen_with(addr, ConnectOptions::default()).await
     }
 
@@ -350,8 +360,15 @@ impl Endpoint {
     /// # Cancel safety
     ///
     /// As [`listen`](Self::listen).
-    pub async fn listen_with(&self, addr: SocketAddr, opts: ConnectOptions) -> Result<Listener> {
-        Listener::bind_on(Some(self.clone()), addr, opts).await
+    pub async fn listen_with(
+        &self,
+        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
+        opts: ConnectOptions,
+    ) -> Result<Listener> {
+        crate::conn::resolve_first_ok(addr, |a| {
+            Listener::bind_on(Some(self.clone()), a, opts.clone())
+        })
+        .await
     }
 
     /// Resolves `addr` (which must be reached through this endpoint's device) and creates a

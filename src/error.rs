@@ -481,6 +481,19 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Looking up the addresses of a host name or address string failed (the
+    /// [`ToSocketAddrs`](tokio::net::ToSocketAddrs) step of `connect`/`bind`, before any RDMA
+    /// CM call), or it gave no address.
+    ///
+    /// What to do: check the name resolves (`getent hosts NAME`), or pass an IP address.
+    #[error("looking up {what:?} failed: {source}")]
+    LookupHost {
+        /// What was looked up, as given.
+        what: String,
+        /// The resolver's error (`NotFound` when it gave no address).
+        #[source]
+        source: io::Error,
+    },
     /// `rdma_resolve_route` failed to start.
     ///
     /// What to do: resolve the address first (wait for `ADDR_RESOLVED`); check the path to

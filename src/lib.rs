@@ -13,7 +13,7 @@
 //! # async fn demo() -> tokio_rdma::Result<()> {
 //! let ep = Endpoint::open_first_active()?;
 //! let conn = ep
-//!     .connect("192.0.2.1:7471".parse().unwrap(), ConnectOptions::default())
+//!     .connect("192.0.2.1:7471", ConnectOptions::default())
 //!     .await?;
 //! conn.send(b"ping").await?;
 //! if let Some(reply) = conn.recv().await? {

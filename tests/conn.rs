@@ -505,7 +505,7 @@ async fn peer_process_helper() {
     let opts = ConnectOptions::default()
         .recv_credits(2)
         .recv_buf_size(4096);
-    let conn = Connection::connect_with(a.parse().unwrap(), opts)
+    let conn = Connection::connect_with(a.as_str(), opts)
         .await
         .expect("peer connect");
     conn.send(b"hello from the peer").await.unwrap();

@@ -143,14 +143,14 @@ async fn loopback_address_is_named_before_any_cm_call() {
     id.bind_addr(SocketAddr::new(rxe_ip(), 0)).unwrap();
 
     // Through the connection API, without waiting for a route that never comes.
-    let connect = Connection::connect("127.0.0.1:7471".parse().unwrap());
+    let connect = Connection::connect("127.0.0.1:7471");
     let err = tokio::time::timeout(Duration::from_secs(10), connect)
         .await
         .expect("connect to loopback failed fast")
         .expect_err("connected to loopback");
     println!("Connection::connect(127.0.0.1:7471): {err}");
     assert!(err.to_string().contains("loopback"), "{err}");
-    let Err(err) = Listener::bind("127.0.0.1:0".parse().unwrap()).await else {
+    let Err(err) = Listener::bind("127.0.0.1:0").await else {
         panic!("a listener bound loopback");
     };
     println!("Listener::bind(127.0.0.1:0): {err}");

@@ -56,7 +56,7 @@ use crate::verbs::ProtectionDomain;
 /// use tokio_rdma::conn::Connection;
 ///
 /// # async fn demo() -> tokio_rdma::Result<()> {
-/// let conn = Connection::connect("192.0.2.1:7471".parse().unwrap()).await?;
+/// let conn = Connection::connect("192.0.2.1:7471").await?;
 /// conn.send(b"hello").await?;
 /// if let Some(reply) = conn.recv().await? {
 ///     println!("got {} bytes", reply.len());
@@ -135,18 +135,22 @@ pub(crate) struct Starting {
 }
 
 impl Connection {
-    /// Connects to a listener at `addr` with default options.
+    /// Connects to a listener at `addr` with default options. `addr` is anything Tokio's
+    /// networking types take: a `SocketAddr`, `"192.0.2.1:7471"`, `("host", 7471)`, a host
+    /// name with a port; every address it resolves to is tried in order until one connects.
     ///
     /// # Errors
     ///
-    /// Resolution or connection errors ([`Error::ConnectionRejected`] with the peer's reason,
+    /// [`Error::LookupHost`] if `addr` does not resolve; resolution or connection errors ([`Error::ConnectionRejected`] with the peer's reason,
     /// [`Error::CmEventFailed`] for an unreachable peer, [`Error::Timeout`]), handshake errors
     /// ([`Error::Handshake`]), or verb errors.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future abandons the attempt; the half-made connection is torn down.
-    pub async fn connect(addr: SocketAddr) -> Result<Connection> {
+    pub async fn connect(
+        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
+    ) -> Result<Connection> {
         Connection::connect_with(addr, ConnectOptions::default()).await
     }
 
@@ -159,8 +163,11 @@ impl Connection {
     /// # Cancel safety
     ///
     /// As [`connect`](Self::connect).
-    pub async fn connect_with(addr: SocketAddr, opts: ConnectOptions) -> Result<Connection> {
-        Connection::connect_on(None, addr, opts).await
+    pub async fn connect_with(
+        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
+        opts: ConnectOptions,
+    ) -> Result<Connection> {
+        super::addr::first_ok(addr, |a| Connection::connect_on(None, a, opts.clone())).await
     }
 
     /// Connects through `endpoint`, or (`None`) through an endpoint of its own on the device

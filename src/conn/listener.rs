@@ -59,7 +59,7 @@ pub const BACKLOG_FULL_REASON: &str = "tokio-rdma: listener backlog full";
 /// use tokio_rdma::conn::Listener;
 ///
 /// # async fn demo() -> tokio_rdma::Result<()> {
-/// let listener = Listener::bind("192.0.2.1:7471".parse().unwrap()).await?;
+/// let listener = Listener::bind("192.0.2.1:7471").await?;
 /// loop {
 ///     let conn = listener.accept().await?;
 ///     tokio::spawn(async move {
@@ -161,11 +161,12 @@ impl Drop for PendingSlot {
 
 impl Listener {
     /// Binds to `addr` (an address of an RDMA device; port 0 picks one) and listens, with
-    /// default options.
+    /// default options. `addr` is anything Tokio's networking types take (a `SocketAddr`, an
+    /// `"IP:port"` string, a host name with a port); the first address that binds is used.
     ///
     /// # Errors
     ///
-    /// CM errors (e.g. the address is not on an RDMA device, or in use).
+    /// [`Error::LookupHost`](crate::Error::LookupHost) if `addr` does not resolve; CM errors (e.g. the address is not on an RDMA device, or in use).
     ///
     /// # Panics
     ///
@@ -174,7 +175,7 @@ impl Listener {
     /// # Cancel safety
     ///
     /// Cancel safe.
-    pub async fn bind(addr: SocketAddr) -> Result<Listener> {
+    pub async fn bind(addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug) -> Result<Listener> {
         Listener::bind_with(addr, ConnectOptions::default()).await
     }
 
@@ -195,8 +196,11 @@ impl Listener {
     /// # Cancel safety
     ///
     /// Cancel safe.
-    pub async fn bind_with(addr: SocketAddr, opts: ConnectOptions) -> Result<Listener> {
-        Listener::bind_on(None, addr, opts).await
+    pub async fn bind_with(
+        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
+        opts: ConnectOptions,
+    ) -> Result<Listener> {
+        super::addr::first_ok(addr, |a| Listener::bind_on(None, a, opts.clone())).await
     }
 
     /// Binds on `endpoint` (its device only), or (`None`) on an endpoint per device that
@@ -266,7 +270,7 @@ impl Listener {
     /// use tokio_rdma::conn::Listener;
     ///
     /// # async fn demo() -> std::io::Result<()> {
-    /// let listener = Listener::bind("192.0.2.1:7471".parse().unwrap()).await?;
+    /// let listener = Listener::bind("192.0.2.1:7471").await?;
     /// let mut incoming = listener.into_incoming();
     /// while let Some(stream) = incoming.next().await {
     ///     let mut stream = stream?;
@@ -551,7 +555,7 @@ mod tests {
 
     #[tokio::test]
     async fn options_are_checked_before_binding() {
-        let addr = "127.0.0.1:0".parse().unwrap();
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let err = Listener::bind_with(addr, ConnectOptions::default().backlog(0))
             .await
             .unwrap_err();

@@ -5,6 +5,7 @@
 //! Each device gets one driver (completion queue and completion task), shared by all its
 //! connections; each connection has its own protection domain.
 
+mod addr;
 mod cm_async;
 mod connection;
 mod driver;
@@ -23,6 +24,7 @@ pub(crate) mod srq;
 mod stream;
 pub mod wire;
 
+pub(crate) use addr::first_ok as resolve_first_ok;
 pub use connection::{ConnStats, Connection};
 pub use listener::{BACKLOG_FULL_REASON, Incoming, Listener};
 pub use options::{
