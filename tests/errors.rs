@@ -157,6 +157,28 @@ async fn loopback_address_is_named_before_any_cm_call() {
     assert!(err.to_string().contains("loopback"), "{err}");
 }
 
+/// A name that does not resolve is refused before any RDMA CM call, with the name (runs on any
+/// host: no device is touched).
+#[tokio::test]
+async fn an_unresolvable_name_is_a_lookup_error() {
+    for err in [
+        Connection::connect("no-such-host.invalid:7471")
+            .await
+            .expect_err("connected to a name that does not exist"),
+        Listener::bind("no-such-host.invalid:0")
+            .await
+            .expect_err("bound a name that does not exist"),
+    ] {
+        println!("{err}");
+        match &err {
+            tokio_rdma::Error::LookupHost { what, .. } => {
+                assert!(what.contains("no-such-host.invalid"), "{err}")
+            }
+            other => panic!("expected a lookup error, got {other:?}"),
+        }
+    }
+}
+
 const CHILD_ENV: &str = "TOKIO_RDMA_ERRORS_MEMLOCK_CHILD";
 
 #[test]

@@ -54,8 +54,9 @@ fn connections_and_queue_pairs_outliving_their_runtime_fail_fast() {
             .listen_with(addr, ConnectOptions::default())
             .await
             .expect("listen");
+        // The client names the server as a string, as `TcpStream::connect` takes one.
         let (c, s) = tokio::join!(
-            ep.connect(addr, ConnectOptions::default()),
+            ep.connect("192.0.2.1:7451", ConnectOptions::default()),
             listener.accept()
         );
         let (client, server) = (c.expect("connect"), s.expect("accept"));
