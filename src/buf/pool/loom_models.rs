@@ -25,8 +25,17 @@ struct Class {
     free: FreeList,
     waiters: WaitQueue,
     owned: Vec<AtomicBool>,
-    data: Vec<UnsafeCell<u64>>,
+    data: SlotMemory,
 }
+
+/// Each slot's memory, as the pool's registered buffers are: shared by every thread, written
+/// by the slot's current owner only.
+struct SlotMemory(Vec<UnsafeCell<u64>>);
+
+// SAFETY: a slot's cell is accessed only by the thread that owns the slot (`Class::own`), and
+// whether ownership is exclusive and ordered is what the models check (loom's cell reports
+// any two accesses not ordered by happens-before).
+unsafe impl Sync for SlotMemory {}
 
 impl Class {
     fn new(count: u32) -> Class {
@@ -34,7 +43,7 @@ impl Class {
             free: FreeList::new_full(count, 2),
             waiters: WaitQueue::default(),
             owned: (0..count).map(|_| AtomicBool::new(false)).collect(),
-            data: (0..count).map(|_| UnsafeCell::new(0)).collect(),
+            data: SlotMemory((0..count).map(|_| UnsafeCell::new(0)).collect()),
         }
     }
 
@@ -46,7 +55,7 @@ impl Class {
         // SAFETY: the pool's protocol makes this thread the slot's only owner (the flag above
         // checks it); loom reports the access if the hand-over did not order it after the
         // previous owner's.
-        self.data[s].with_mut(|p| unsafe { *p += 1 });
+        self.data.0[s].with_mut(|p| unsafe { *p += 1 });
     }
 
     fn disown(&self, slot: u32) {
