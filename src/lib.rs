@@ -72,6 +72,7 @@ pub mod ops;
 pub mod proto;
 #[cfg(not(any(feature = "bench-internals", feature = "fuzz-internals")))]
 mod proto;
+mod sync;
 mod sys;
 pub mod verbs;
 

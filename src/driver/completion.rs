@@ -70,7 +70,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         if finished(&shared, &mut reaped) {
             break;
         }
-        let spinners = shared.spinners.load(Ordering::Acquire) > 0;
+        let spinners = shared.spinners.any();
         // A spinning future that stopped being polled (its task awaits something else) must
         // not leave the CQ unwatched for good: if nobody polled since the last check, go on
         // as if nobody spun.

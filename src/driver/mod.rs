@@ -26,6 +26,7 @@ mod post;
 mod qp;
 mod raw;
 mod shared;
+mod spinners;
 mod wait;
 
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use super::CompletionMode;
 use super::post;
+use super::spinners::Spinners;
 use super::wait::Latency;
 use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
@@ -122,7 +123,7 @@ pub(crate) struct Shared {
     pub(crate) mode: CompletionMode,
     /// Futures polling the CQ themselves right now: while there are any, the completion task
     /// leaves the CQ unarmed (they see every completion first).
-    pub(crate) spinners: AtomicUsize,
+    pub(crate) spinners: Spinners,
     /// Observed completion latencies (the adaptive spin budget).
     pub(crate) latency: Latency,
     /// Wakes the completion task (shutdown, closing queue pairs, the last spinner leaving).
@@ -220,7 +221,7 @@ impl Shared {
             }),
             cq,
             mode,
-            spinners: AtomicUsize::new(0),
+            spinners: Spinners::default(),
             latency: Latency::default(),
             notify: Notify::new(),
             notify_events: Notify::new(),
@@ -414,7 +415,7 @@ impl Shared {
     /// A future stopped polling the CQ itself: if it was the last, let the completion task
     /// arm the CQ so completions nobody polls for raise an event.
     pub(crate) fn spinner_left(&self) {
-        if self.spinners.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.spinners.leave() {
             self.notify.notify_one();
         }
     }

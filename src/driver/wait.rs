@@ -108,9 +108,7 @@ impl Waiter {
         };
         if spin && !self.spinning {
             self.spinning = true;
-            shared
-                .spinners
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            shared.spinners.join();
         } else if !spin {
             self.leave(shared);
         }

@@ -6,10 +6,11 @@
 //! others when that is empty, and pushes to its home shard, so threads mostly touch different
 //! cache lines. Everything is `SeqCst`: the waiter protocol in `waiters.rs` relies on a push
 //! and a later check of the waiter count being totally ordered with a waiter's registration and
-//! its re-check of the free list (a Dekker-style handshake).
+//! its re-check of the free list (a Dekker-style handshake, with `SeqCst` fences there).
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+
+use crate::sync::atomic::{AtomicIsize, AtomicU32, AtomicU64, Ordering::SeqCst};
 
 const NIL: u32 = u32::MAX;
 
@@ -104,14 +105,15 @@ impl FreeList {
 
 /// The calling thread's home shard hint: threads get consecutive numbers on first use.
 pub(super) fn home_hint() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    // A hint only (never `loom`'s: a static is no state of a model).
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     thread_local! {
         static HOME: Cell<Option<usize>> = const { Cell::new(None) };
     }
     HOME.with(|h| match h.get() {
         Some(v) => v,
         None => {
-            let v = NEXT.fetch_add(1, SeqCst);
+            let v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             h.set(Some(v));
             v
         }

@@ -34,6 +34,8 @@ mod waiters;
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, loom))]
+mod loom_models;
 
 use std::fmt;
 use std::future::Future;
@@ -431,12 +433,7 @@ impl PoolInner {
     /// Returns `slot` of `class`: to the oldest waiter, else to the free list.
     pub(crate) fn release(&self, class: u16, slot: u32) {
         let c = &self.classes[usize::from(class)];
-        let Err(slot) = c.waiters.hand_off(slot) else {
-            return;
-        };
-        let home = home_hint();
-        c.free.push(home, slot);
-        c.waiters.rescue(|| c.free.pop(home));
+        c.waiters.release(&c.free, home_hint(), slot);
     }
 }
 
@@ -511,11 +508,7 @@ impl Future for Acquire {
             State::Start(class) => {
                 let c = &this.pool.inner.classes[class];
                 let home = home_hint();
-                if let Some(slot) = c.free.pop(home) {
-                    this.state = State::Done;
-                    return Poll::Ready(Ok(this.pool.make(class, slot, this.len)));
-                }
-                match c.waiters.register(cx.waker(), || c.free.pop(home)) {
+                match c.waiters.acquire(&c.free, home, cx.waker()) {
                     Registered::Slot(slot) => {
                         this.state = State::Done;
                         Poll::Ready(Ok(this.pool.make(class, slot, this.len)))

@@ -3,8 +3,12 @@
 //! A release first offers its slot to the oldest waiter ([`WaitQueue::hand_off`]); only when
 //! nobody waits does the slot go back to the free list. A waiter registers under the queue lock
 //! and then re-checks the free list ([`WaitQueue::register`]); a release that pushed to the free
-//! list re-checks the waiter count afterwards ([`WaitQueue::rescue`]). With the free list's
-//! `SeqCst` operations one of the two always sees the other, so no wakeup is lost.
+//! list re-checks the waiter count afterwards ([`WaitQueue::rescue`]). Each side writes its
+//! atomic, then a `SeqCst` fence, then reads the other's (a Dekker handshake), so one of the
+//! two always sees the other and no wakeup is lost. (`SeqCst` accesses alone would do in the
+//! C++ memory model, but `loom`, which checks this protocol (`loom_models.rs`), models them as
+//! acquire/release and then finds the lost wakeup; with the fences the code is what it checks.
+//! One fence per release that finds no waiter.)
 //!
 //! A waiter that is dropped after a slot was handed to it gives the slot back
 //! ([`WaitQueue::cancel`] returns it), and the caller releases it again, which hands it to the
@@ -13,9 +17,11 @@
 //! Wakers are always invoked after the lock is released.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::{Mutex, MutexGuard};
 use std::task::Waker;
+
+use super::freelist::FreeList;
+use crate::sync::atomic::{AtomicUsize, Ordering::SeqCst, fence};
+use crate::sync::{Mutex, MutexGuard};
 
 #[derive(Debug, Default)]
 struct Queue {
@@ -63,6 +69,8 @@ impl WaitQueue {
     ) -> Registered {
         let mut q = self.lock();
         self.count.fetch_add(1, SeqCst);
+        // Our count before the free list's head (the other half is in `rescue`).
+        fence(SeqCst);
         if let Some(slot) = try_pop() {
             self.count.fetch_sub(1, SeqCst);
             return Registered::Slot(slot);
@@ -115,6 +123,8 @@ impl WaitQueue {
     /// After a slot was pushed to the free list: if a waiter registered meanwhile, move a free
     /// slot (popped with `pop`) to it.
     pub(super) fn rescue(&self, pop: impl FnOnce() -> Option<u32>) {
+        // The pushed head before the waiter count (the other half is in `register`).
+        fence(SeqCst);
         if self.count.load(SeqCst) == 0 {
             return;
         }
@@ -126,6 +136,25 @@ impl WaitQueue {
         let waker = Self::grant_first(&mut q, &self.count, slot).expect("a waiter is queued");
         drop(q);
         waker.wake();
+    }
+
+    /// The whole acquire protocol on `free` (home shard `home`): a free slot, else queued
+    /// (with the re-check of [`register`](Self::register)).
+    pub(super) fn acquire(&self, free: &FreeList, home: usize, waker: &Waker) -> Registered {
+        if let Some(slot) = free.pop(home) {
+            return Registered::Slot(slot);
+        }
+        self.register(waker, || free.pop(home))
+    }
+
+    /// The whole release protocol: `slot` to the oldest waiter, else onto `free` (home shard
+    /// `home`) and then to a waiter that registered meanwhile ([`rescue`](Self::rescue)).
+    pub(super) fn release(&self, free: &FreeList, home: usize, slot: u32) {
+        let Err(slot) = self.hand_off(slot) else {
+            return;
+        };
+        free.push(home, slot);
+        self.rescue(|| free.pop(home));
     }
 
     fn grant_first(q: &mut Queue, count: &AtomicUsize, slot: u32) -> Option<Waker> {

@@ -1,9 +1,10 @@
 //! The claim accounting of a shared receive queue (the parent module's docs say what the
 //! counters mean), as plain logic over atomics: no verbs, no I/O, tested on the host with
-//! randomized interleavings against a model of the queue.
+//! randomized interleavings against a model of the queue, and model-checked with `loom`
+//! (`budget/loom_models.rs`, docs/testing.md#concurrency-models).
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 /// The queue-wide counters, shared by every connection's [`Claim`].
 #[derive(Debug)]
@@ -253,3 +254,5 @@ impl Claim {
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, loom))]
+mod loom_models;
