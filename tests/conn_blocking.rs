@@ -105,7 +105,10 @@ async fn a_256_mib_registration_does_not_stall_another_connection() {
         (took, sent, got, b, b_peer)
     });
     let loaded = within(600, "ping-pong under a 256 MiB rendezvous", async {
-        pings(&a, every, 100, || done.load(std::sync::atomic::Ordering::SeqCst)).await
+        pings(&a, every, 100, || {
+            done.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await
     })
     .await;
     let (took, sent, got, _b, _b_peer) = transfer.await.expect("transfer task");

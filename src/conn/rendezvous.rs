@@ -15,10 +15,10 @@ use super::connection::Connection;
 use super::io::{ConnIo, ConnState, Retired, Sent};
 use super::messages::Progress;
 use super::shared::Message;
+use crate::buf::blocking;
 use crate::buf::{IoBufMut, PoolBuf};
 use crate::error::{Error, Result};
 use crate::proto::conn::{Delivery, RemoteMsg};
-use crate::buf::blocking;
 use crate::verbs::{AccessFlags, MemoryRegion, ProtectionDomain, SendOp, Sge, explain_reg_error};
 
 /// The memory of a rendezvous message this side sent, until the peer read it.

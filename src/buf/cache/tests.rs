@@ -215,11 +215,7 @@ impl Registrar for Gated {
 
 /// Starts a lookup of 4 pages at `at` on a thread and returns once its registration is under
 /// way (held by the gate).
-fn blocked_miss(
-    c: &RegCache,
-    g: &Gated,
-    at: usize,
-) -> std::thread::JoinHandle<Result<MrLease>> {
+fn blocked_miss(c: &RegCache, g: &Gated, at: usize) -> std::thread::JoinHandle<Result<MrLease>> {
     let c2 = c.clone();
     let t = std::thread::spawn(move || c2.lookup_or_register(at as *const u8, 4 * PAGE));
     while !g.entered.load(SeqCst) {
@@ -253,7 +249,10 @@ fn a_hit_is_not_held_up_by_a_slow_miss() {
     let c2 = c.clone();
     let at = p(12) as usize;
     std::thread::spawn(move || {
-        let _ = tx.send(c2.lookup_or_register(at as *const u8, 100).map(|l| l.lkey()));
+        let _ = tx.send(
+            c2.lookup_or_register(at as *const u8, 100)
+                .map(|l| l.lkey()),
+        );
     });
     let hit = rx.recv_timeout(std::time::Duration::from_secs(5));
     view.release.store(true, SeqCst);
@@ -279,7 +278,11 @@ fn an_invalidation_during_a_miss_keeps_it_uncached() {
     });
     let removed = rx.recv_timeout(std::time::Duration::from_secs(5));
     view.release.store(true, SeqCst);
-    assert_eq!(removed, Ok(0), "the invalidation ran at once, nothing cached yet");
+    assert_eq!(
+        removed,
+        Ok(0),
+        "the invalidation ran at once, nothing cached yet"
+    );
     let lease = slow.join().unwrap().unwrap();
     assert!(lease.covers(m.as_ptr(), 4 * PAGE));
     let mt = c.metrics();
