@@ -1,27 +1,27 @@
 //! The synchronization primitives of the crate's lock-free logic, swappable for `loom`'s.
 //!
-//! Normally these are `std::sync`'s. Under `--cfg loom` (test builds only: `loom` is a
-//! dev-dependency) they are `loom`'s, whose model checker runs the `#[cfg(loom)]` tests of the
+//! Normally these are `std::sync`'s. Under `--cfg tokio_rdma_loom` (test builds only: `loom` is a
+//! dev-dependency) they are `loom`'s, whose model checker runs the `#[cfg(tokio_rdma_loom)]` tests of the
 //! modules that use this one under every interleaving and every weak-memory outcome their
 //! orderings allow (docs/testing.md#concurrency-models). Only the logic those models check
 //! uses it: the pool's free list and waiters (`buf::pool`), the SRQ claim budget
 //! (`conn::srq::budget`) and the spinner count (`driver::spinners`). A leaf module: it
 //! imports nothing of the crate.
 
-#[cfg(not(all(loom, test)))]
+#[cfg(not(all(tokio_rdma_loom, test)))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
-#[cfg(all(loom, test))]
+#[cfg(all(tokio_rdma_loom, test))]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
-/// Atomic integers and orderings (`std`'s, or `loom`'s under `--cfg loom`).
+/// Atomic integers and orderings (`std`'s, or `loom`'s under `--cfg tokio_rdma_loom`).
 pub(crate) mod atomic {
-    #[cfg(not(all(loom, test)))]
+    #[cfg(not(all(tokio_rdma_loom, test)))]
     pub(crate) use std::sync::atomic::{
         AtomicBool, AtomicI64, AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
     };
 
-    #[cfg(all(loom, test))]
+    #[cfg(all(tokio_rdma_loom, test))]
     pub(crate) use loom::sync::atomic::{
         AtomicBool, AtomicI64, AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
     };
@@ -30,7 +30,7 @@ pub(crate) mod atomic {
 /// Runs `f` under `loom`'s model checker, exploring interleavings with at most `preemptions`
 /// preemptions unless `LOOM_MAX_PREEMPTIONS` says otherwise (the other `LOOM_*` variables
 /// apply as documented by `loom`).
-#[cfg(all(loom, test))]
+#[cfg(all(tokio_rdma_loom, test))]
 pub(crate) fn model(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     if b.preemption_bound.is_none() {

@@ -33,5 +33,5 @@ impl Spinners {
     }
 }
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, tokio_rdma_loom))]
 mod loom_models;

@@ -1,6 +1,6 @@
 //! `loom` models of the pool's slot protocol: the free list (`freelist.rs`) and the waiters
 //! (`waiters.rs`) through [`WaitQueue::acquire`] and [`WaitQueue::release`], the functions
-//! `Pool::release` and `Acquire` call. Run with `--cfg loom` (docs/testing.md#concurrency-models).
+//! `Pool::release` and `Acquire` call. Run with `--cfg tokio_rdma_loom` (docs/testing.md#concurrency-models).
 //!
 //! Slot ownership is checked two ways: each slot has an owner flag that an acquire sets and
 //! must find clear (one slot, two owners), and a `loom` cell that each owner writes, which

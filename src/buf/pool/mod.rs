@@ -34,7 +34,7 @@ mod waiters;
 
 #[cfg(test)]
 mod tests;
-#[cfg(all(test, loom))]
+#[cfg(all(test, tokio_rdma_loom))]
 mod loom_models;
 
 use std::fmt;

@@ -254,5 +254,5 @@ impl Claim {
 
 #[cfg(test)]
 mod tests;
-#[cfg(all(test, loom))]
+#[cfg(all(test, tokio_rdma_loom))]
 mod loom_models;

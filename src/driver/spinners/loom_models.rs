@@ -1,5 +1,5 @@
 //! A `loom` model of the spinner/arm hand-off between waiting futures (`wait.rs`) and the
-//! completion task (`completion.rs`), over the real [`Spinners`] count. Run with `--cfg loom`
+//! completion task (`completion.rs`), over the real [`Spinners`] count. Run with `--cfg tokio_rdma_loom`
 //! (docs/testing.md#concurrency-models).
 //!
 //! Modelled: the device completes one operation; if the CQ is armed it raises one event and

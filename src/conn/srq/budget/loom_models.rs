@@ -1,6 +1,6 @@
 //! `loom` models of the claim budget: connections admitted, granting, consuming, growing,
 //! dropping their buffers and closing concurrently, under every interleaving `loom` explores.
-//! Run with `--cfg loom` (docs/testing.md#concurrency-models).
+//! Run with `--cfg tokio_rdma_loom` (docs/testing.md#concurrency-models).
 use std::sync::Arc;
 
 use loom::sync::atomic::AtomicU32;
