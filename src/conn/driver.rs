@@ -18,8 +18,8 @@ use crate::verbs::{CmEventKind, CmId};
 /// Longest the teardown waits for outstanding receives and sends to flush.
 const DRAIN_LIMIT: Duration = Duration::from_secs(10);
 /// The teardown stops waiting once the flushes made no progress for this long: soft-RoCE's
-/// flush of a failed queue pair can stop one request short, and no later completion comes.
-/// What is left stays with the queue pair until it is destroyed (never released earlier).
+/// flush of a failed queue pair can stop one request short, and no later completion comes
+/// (the queue pair is in the error state: what is left goes back to the pools).
 const STALL_LIMIT: Duration = Duration::from_secs(1);
 
 /// Runs the connection until it is torn down.
@@ -147,8 +147,8 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
             sends,
             waited = ?started.elapsed(),
             "work requests did not flush (no progress for {STALL_LIMIT:?}, or {DRAIN_LIMIT:?} in \
-             all); the queue pair is in the error state: their buffers stay with it until it is \
-             destroyed"
+             all); the queue pair is in the error state (it processes nothing): their buffers \
+             are released"
         );
     }
     // The queue pair is in the error state and consumes no more shared receives: give the

@@ -618,27 +618,27 @@ impl ConnIo {
         s.proto.recvs_posted(posted);
     }
 
-    /// Gives up waiting for requests the device never flushed (seen on rxe: its flush of a
-    /// failed queue pair's receive queue can stop one request short). Call with the queue pair
-    /// in the error state, after waiting for the flushes. Their buffers are NOT released: they
-    /// stay with the queue pair until it is destroyed (when the last handle goes), since only
-    /// then is the device sure not to touch them. Returns how many receives and sends were
-    /// abandoned.
+    /// Gives up on requests the device never flushed (seen on rxe: its flush of a failed
+    /// queue pair's receive queue can stop one request short). Call only with the queue pair in
+    /// the error state, which processes nothing, after waiting for the flushes: their buffers
+    /// go back to the pools. (Keeping them until the queue pair is destroyed would be stronger,
+    /// but the connection holds a queue-pair handle until it is dropped, and a closed
+    /// connection must give its buffers back.) A late flush of them is harmless: the receive
+    /// and send rings no longer hold them, and after the queue pair is reaped its key names
+    /// nothing. Returns how many receives and sends were abandoned.
     pub(crate) fn abandon_unflushed(&self) -> (usize, usize) {
         let (recvs, sends) = {
             let mut s = self.lock();
             (std::mem::take(&mut s.recvs), std::mem::take(&mut s.sends))
         };
         // What held something (drain markers hold nothing).
-        let counts = (
+        (
             recvs.iter().filter(|r| r.is_some()).count(),
             sends
                 .iter()
                 .filter(|(_, sent)| !matches!(sent, Sent::Marker))
                 .count(),
-        );
-        self.qp.keep_until_destroyed(Box::new((recvs, sends)));
-        counts
+        )
     }
 
     /// How often the state may have changed so far (see `changes`).

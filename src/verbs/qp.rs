@@ -293,9 +293,6 @@ struct QpInner {
     /// A [`Driver`](crate::driver::Driver) owns its work requests and their `wr_id`s: nothing
     /// else may post on it (see [`QueuePair::is_driven`]).
     driven: std::sync::atomic::AtomicBool,
-    /// Memory of requests that never completed, kept until the queue pair is destroyed (the
-    /// fields drop after `Drop::drop` destroyed it).
-    graveyard: std::sync::Mutex<Vec<Box<dyn std::any::Any + Send>>>,
 }
 
 // SAFETY: posting and modifying a QP are thread-safe in libibverbs (providers lock their
@@ -352,7 +349,6 @@ impl QueuePair {
                 recv_cq: attr.recv_cq.clone(),
                 srq: attr.srq.clone(),
                 driven: std::sync::atomic::AtomicBool::new(false),
-                graveyard: std::sync::Mutex::new(Vec::new()),
             }),
         })
     }
@@ -363,17 +359,6 @@ impl QueuePair {
     /// post (memory-window grants) refuse such a queue pair.
     pub fn is_driven(&self) -> bool {
         self.inner.driven.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Keeps `memory` (the buffers of requests that were posted and never completed) until the
-    /// queue pair is destroyed: only then can the device no longer touch it. Dropped right after
-    /// `ibv_destroy_qp`, when the last handle goes.
-    pub(crate) fn keep_until_destroyed(&self, memory: Box<dyn std::any::Any + Send>) {
-        self.inner
-            .graveyard
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(memory);
     }
 
     /// Marks the queue pair as owned by a driver (see [`is_driven`](Self::is_driven)).
