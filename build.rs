@@ -129,7 +129,10 @@ fn docs_rs() {
     println!("cargo:rerun-if-changed={}", src.display());
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     if let Err(e) = std::fs::copy(&src, out.join("bindings.rs")) {
-        fail(&format!("DOCS_RS is set but {} cannot be copied: {e}", src.display()));
+        fail(&format!(
+            "DOCS_RS is set but {} cannot be copied: {e}",
+            src.display()
+        ));
     }
 }
 

@@ -81,9 +81,7 @@ async fn stopped_peer(port: u16, keepalive: Duration, timeout: Duration) {
     let opts = ConnectOptions::default()
         .keepalive(Some(keepalive))
         .keepalive_timeout(timeout);
-    let listener = Listener::bind_with(addr(port), opts)
-        .await
-        .expect("listen");
+    let listener = Listener::bind_with(addr(port), opts).await.expect("listen");
     let peer = Peer(
         Command::new(std::env::current_exe().expect("test binary"))
             .args(["--ignored", "--exact", "peer_process", "--nocapture"])
@@ -108,7 +106,9 @@ async fn stopped_peer(port: u16, keepalive: Duration, timeout: Duration) {
     let recv = conn.recv();
     let mut recv = std::pin::pin!(recv);
     assert!(
-        tokio::time::timeout(alive_for, recv.as_mut()).await.is_err(),
+        tokio::time::timeout(alive_for, recv.as_mut())
+            .await
+            .is_err(),
         "a live, idle peer is not declared dead"
     );
     signal(&peer.0, "-STOP");
@@ -136,7 +136,12 @@ async fn stopped_peer(port: u16, keepalive: Duration, timeout: Duration) {
 async fn a_stopped_peer_is_found_within_the_default_bound() {
     // The defaults: keepalive 10 s, keepalive_timeout 10 s (found after 39 s at 61ac8ac).
     let d = ConnectOptions::default();
-    stopped_peer(7441, d.keepalive.expect("on by default"), d.keepalive_timeout).await;
+    stopped_peer(
+        7441,
+        d.keepalive.expect("on by default"),
+        d.keepalive_timeout,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,7 +82,8 @@ async fn an_operation_that_outlives_its_queue_pair_fails_and_touches_no_other() 
     let p = async_pair();
     let (ctx, pd, driver) = (p.ctx.clone(), p.pd.clone(), p.driver.clone());
     // Made on `a`, never polled: it is 'static and may be polled after `a` is gone.
-    let stale = p.a.send(reg_with(&pd, b"stale bytes", AccessFlags::LOCAL_WRITE));
+    let stale =
+        p.a.send(reg_with(&pd, b"stale bytes", AccessFlags::LOCAL_WRITE));
     drop(p);
     // Wait until the driver has reaped both queue pairs (their keys are free again).
     within(60, "queue pairs reaped", async {

@@ -126,9 +126,13 @@ async fn write_all_without_flush_then_waiting_for_the_reply_does_not_hang() {
         .expect("write_all");
     // No flush: the accepted bytes must go on by themselves.
     let mut reply = [0u8; 8];
-    within(120, "the reply (the last write never went out?)", client.read_exact(&mut reply))
-        .await
-        .expect("read reply");
+    within(
+        120,
+        "the reply (the last write never went out?)",
+        client.read_exact(&mut reply),
+    )
+    .await
+    .expect("read reply");
     assert_eq!(u64::from_be_bytes(reply), LEN as u64);
     let _server = within(60, "server", echo).await.expect("server task");
 }
@@ -154,8 +158,12 @@ async fn shutdown_twice_is_ok() {
         .expect("read");
     assert_eq!(got, b"hello");
     swr.write_all(b"back").await.expect("the other direction");
-    swr.shutdown().await.expect("first shutdown of the write half");
-    swr.shutdown().await.expect("second shutdown of the write half");
+    swr.shutdown()
+        .await
+        .expect("first shutdown of the write half");
+    swr.shutdown()
+        .await
+        .expect("second shutdown of the write half");
     let mut back = Vec::new();
     within(60, "client read", client.read_to_end(&mut back))
         .await
@@ -192,7 +200,10 @@ async fn after_the_peer_dropped_write_flush_and_shutdown_are_ok() {
         .write_all(b"late reply")
         .await
         .expect("write after the peer left cleanly");
-    server.flush().await.expect("flush after the peer left cleanly");
+    server
+        .flush()
+        .await
+        .expect("flush after the peer left cleanly");
     server
         .shutdown()
         .await
@@ -226,10 +237,7 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Timed<W> {
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
@@ -334,7 +342,9 @@ async fn tcp_shaped_api() {
             n += 1;
         }
         // The client's write half was dropped: EOF here; this direction still works.
-        wr.write_all(b"bye\n").await.expect("after the peer's half-close");
+        wr.write_all(b"bye\n")
+            .await
+            .expect("after the peer's half-close");
         drop(wr); // half-close: the client reads EOF
         n
     });
@@ -367,7 +377,10 @@ async fn tcp_shaped_api() {
     // Write after shutdown: BrokenPipe, as TcpStream's.
     let listener = Listener::bind(addr(7607)).await.expect("bind");
     let accept = tokio::spawn(async move { listener.accept().await.expect("accept") });
-    let mut c = Connection::connect(addr(7607)).await.expect("connect").into_stream();
+    let mut c = Connection::connect(addr(7607))
+        .await
+        .expect("connect")
+        .into_stream();
     let _server = within(60, "accept", accept).await.expect("accept");
     c.shutdown().await.expect("shutdown");
     let err = c.write(b"late").await.expect_err("write after shutdown");

@@ -90,9 +90,7 @@ pub async fn establish(
         None => {
             let any: SocketAddr = "0.0.0.0:0".parse().expect("address");
             let listener = ep.listen_with(any, opts).await?;
-            let cm_port = listener
-                .local_addr()
-                .map(|a| a.port())?;
+            let cm_port = listener.local_addr().map(|a| a.port())?;
             ctrl.send(&format!("cm {cm_port}")).await?;
             let conn = tokio::time::timeout(Duration::from_secs(60), listener.accept())
                 .await

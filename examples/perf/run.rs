@@ -290,7 +290,12 @@ async fn recv_one(q: usize, qp: &AsyncQp, c: Chunk) -> RecvOut {
 
 /// Server side of one size (after `run SIZE`): prepares, says `ready`, plays its part, waits
 /// for `done`, and answers with its CPU time and driver counters.
-pub async fn server_case(ctrl: &mut Ctrl, side: &mut Side, cfg: &TestConfig, size: usize) -> Res<()> {
+pub async fn server_case(
+    ctrl: &mut Ctrl,
+    side: &mut Side,
+    cfg: &TestConfig,
+    size: usize,
+) -> Res<()> {
     if cfg.test == Test::WriteLat && !side.exposed.is_empty() {
         // The byte the peer's writes land on starts at 0 (a marker is never 0).
         reset_byte(&mut side.exposed[0], size - 1);

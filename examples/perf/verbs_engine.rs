@@ -59,7 +59,8 @@ pub fn client(
     let total = cfg.warmup + cfg.iters;
     let inline = cfg.inline > 0 && size <= qp.caps().max_inline_data as usize;
     let mut batch = WcBatch::with_capacity(1);
-    let mut src = RegisteredBuffer::new(&side.pd, size, tokio_rdma::verbs::AccessFlags::LOCAL_WRITE)?;
+    let mut src =
+        RegisteredBuffer::new(&side.pd, size, tokio_rdma::verbs::AccessFlags::LOCAL_WRITE)?;
     let rx = RegisteredBuffer::new(&side.pd, size, tokio_rdma::verbs::AccessFlags::LOCAL_WRITE)?;
     let remote = side.remote[0];
     let mut out = Vec::with_capacity(total);
@@ -138,7 +139,8 @@ pub async fn server(
     let total = cfg.warmup + cfg.iters;
     let inline = cfg.inline > 0 && size <= qp.caps().max_inline_data as usize;
     let mut batch = WcBatch::with_capacity(1);
-    let mut src = RegisteredBuffer::new(&side.pd, size, tokio_rdma::verbs::AccessFlags::LOCAL_WRITE)?;
+    let mut src =
+        RegisteredBuffer::new(&side.pd, size, tokio_rdma::verbs::AccessFlags::LOCAL_WRITE)?;
     let rx = RegisteredBuffer::new(&side.pd, size, tokio_rdma::verbs::AccessFlags::LOCAL_WRITE)?;
     let remote = side.remote[0];
     match cfg.test {

@@ -482,9 +482,8 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub fn peer_addr(&self) -> std::io::Result<SocketAddr> {
-        self.peer.ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::NotConnected, "no peer address")
-        })
+        self.peer
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotConnected, "no peer address"))
     }
 
     /// This side's address (the IP address of the RDMA device's link and the RDMA CM

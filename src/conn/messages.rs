@@ -107,7 +107,11 @@ impl Connection {
         if msg.len() <= self.shared.io.max_inline() {
             return self.send_from(Source::Copy(&msg), None).await;
         }
-        if let Some(lkey) = self.shared.io.lkey_of(msg.as_ptr() as usize, msg.len(), self.user_pool.get()) {
+        if let Some(lkey) =
+            self.shared
+                .io
+                .lkey_of(msg.as_ptr() as usize, msg.len(), self.user_pool.get())
+        {
             return self.send_from(Source::Registered(&msg, lkey), None).await;
         }
         match self.reg_cache.get() {

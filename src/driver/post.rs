@@ -89,10 +89,9 @@ fn post_sends(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i3
             };
         }
         doorbells += 1;
-        // SAFETY: The SGEs name memory owned by the operations' futures (or parked in the table once a
-        // future is dropped) until the core applies each request's completion (or its
-        // retirement by a later signaled completion);
-        // so it stays allocated, registered and unused locally meanwhile.
+        // The SGEs name memory owned by each operation's future (or parked in the table once the
+        // future is dropped) until the core applies its completion or retirement.
+        // SAFETY: so it stays allocated, registered and unused locally until the device is done.
         if let Err(e) = unsafe { qp.post_send(&wrs[..chunk.len()]) } {
             let (bad, errno) = post_error(e);
             return (doorbells, Err((c * CHAIN + bad, errno)));

@@ -403,7 +403,11 @@ impl Shared {
             st.core.take_all_wakers(&mut out);
             wake.take_from(&mut out);
             st.out = out;
-            st.qps.iter().flatten().filter_map(|e| e.sink.clone()).collect()
+            st.qps
+                .iter()
+                .flatten()
+                .filter_map(|e| e.sink.clone())
+                .collect()
         };
         wake.run();
         for s in sinks {

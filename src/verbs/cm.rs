@@ -831,9 +831,9 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
-        // SAFETY: Owned, destroyed once; no librdmacm QP is attached (ours are separate objects) and
-        // every event read was acked, so this does not wait on us; the channel outlives it
-        // (we hold a clone until after this call).
+        // No librdmacm QP is attached and every event read was acked, so this does not wait on
+        // us; the channel outlives it (we hold a clone until after this call).
+        // SAFETY: the id is owned and destroyed exactly once, here.
         let rc = unsafe { sys::rdma_destroy_id(self.id.as_ptr()) };
         if rc != 0 {
             tracing::warn!(error = %io::Error::last_os_error(), "rdma_destroy_id failed");

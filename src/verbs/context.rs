@@ -301,8 +301,7 @@ impl Context {
     }
 
     fn wrap_cm(ctx: NonNull<sys::ibv_context>, list: Arc<CmDeviceList>) -> Result<Context> {
-        // SAFETY: `ctx` is an open context of `list`, which stays alive; `device` is set when the
-        // context is opened, and its name is a NUL-terminated string.
+        // SAFETY: `ctx` is an open context of `list` (alive); its `device`'s name is a C string.
         let name =
             unsafe { std::ffi::CStr::from_ptr(sys::ibv_get_device_name((*ctx.as_ptr()).device)) }
                 .to_string_lossy()

@@ -126,10 +126,7 @@ impl CompletionQueue {
     }
 
     /// [`poll`](Self::poll) for the driver that owns the queue.
-    pub(crate) fn poll_driven<'b>(
-        &self,
-        batch: &'b mut WcBatch,
-    ) -> Result<&'b [WorkCompletion]> {
+    pub(crate) fn poll_driven<'b>(&self, batch: &'b mut WcBatch) -> Result<&'b [WorkCompletion]> {
         let n = self.poll_into_unchecked(batch.spare())?;
         Ok(batch.filled(n))
     }

@@ -310,10 +310,9 @@ impl RegisteredBuffer {
         if self.access().is_remote() {
             return None;
         }
-        // SAFETY: the allocation is `len` bytes, zeroed at creation and owned by `self`. No
-        // peer can write it (no remote access); local writes need `&mut self`, which this
-        // borrow excludes; the device writes it only for work the caller posted, whose unsafe
-        // contract forbids holding references to that memory meanwhile.
+        // No peer can write it (no remote access); local writes need `&mut self`, excluded by
+        // this borrow; device writes come only from work posted under the unsafe contract.
+        // SAFETY: `len` bytes owned by `self`, zeroed at creation, so initialised and stable.
         Some(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) })
     }
 

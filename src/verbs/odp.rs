@@ -306,9 +306,8 @@ fn advise(
     } else {
         0
     };
-    // SAFETY: the PD is alive (borrowed); `sge` is one valid entry naming a range of a region
-    // of this PD by its lkey. The kernel validates the key and range; a region deregistered
-    // meanwhile makes the call fail, it never touches memory of ours.
+    // The kernel validates the key and range: a region deregistered meanwhile fails the call.
+    // SAFETY: the PD is alive (borrowed); `sge` is one valid entry (lkey, range) of this PD.
     let rc = unsafe { sys::ibv_advise_mr(pd.as_ptr(), advice.raw(), flags, &mut sge, 1) };
     if rc != 0 {
         return Err(Error::code(rc, Error::AdviseMr));

@@ -51,7 +51,10 @@ impl Class {
     /// ordered before ours (loom checks the access).
     fn own(&self, slot: u32) {
         let s = slot as usize;
-        assert!(!self.owned[s].swap(true, Relaxed), "slot {slot} has two owners");
+        assert!(
+            !self.owned[s].swap(true, Relaxed),
+            "slot {slot} has two owners"
+        );
         // SAFETY: the pool's protocol makes this thread the slot's only owner (the flag above
         // checks it); loom reports the access if the hand-over did not order it after the
         // previous owner's.
@@ -91,7 +94,10 @@ impl Class {
         assert_eq!(self.free.len(), count as usize, "the free count");
         let mut seen = vec![false; count as usize];
         while let Some(s) = self.free.pop(0) {
-            assert!(!std::mem::replace(&mut seen[s as usize], true), "slot {s} twice");
+            assert!(
+                !std::mem::replace(&mut seen[s as usize], true),
+                "slot {s} twice"
+            );
         }
         assert!(seen.iter().all(|&s| s), "a slot was lost");
     }

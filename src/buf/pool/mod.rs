@@ -32,10 +32,10 @@ mod buf;
 mod freelist;
 mod waiters;
 
-#[cfg(test)]
-mod tests;
 #[cfg(all(test, tokio_rdma_loom))]
 mod loom_models;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::future::Future;

@@ -252,7 +252,7 @@ impl Claim {
     }
 }
 
-#[cfg(test)]
-mod tests;
 #[cfg(all(test, tokio_rdma_loom))]
 mod loom_models;
+#[cfg(test)]
+mod tests;

@@ -11,7 +11,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-
 use super::connection::Connection;
 use read::ReadState;
 use write::WriteState;
@@ -165,7 +164,8 @@ macro_rules! write_impls {
                 buf: &[u8],
             ) -> std::task::Poll<std::io::Result<usize>> {
                 let this = &mut *self;
-                this.wr.poll_write(&this.conn, cx, &[std::io::IoSlice::new(buf)])
+                this.wr
+                    .poll_write(&this.conn, cx, &[std::io::IoSlice::new(buf)])
             }
 
             fn poll_write_vectored(

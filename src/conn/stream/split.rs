@@ -7,7 +7,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-
 use super::RdmaStream;
 use super::read::ReadState;
 use super::write::WriteState;
@@ -195,4 +194,3 @@ impl fmt::Debug for OwnedWriteHalf {
             .finish_non_exhaustive()
     }
 }
-

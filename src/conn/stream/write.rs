@@ -150,9 +150,9 @@ impl WriteState {
                     ready!(self.poll_flush(conn, cx))?;
                     let c = conn.clone();
                     self.shutdown =
-                        Shutdown::Closing(Exclusive::new(Box::pin(async move {
-                            c.shutdown().await
-                        })));
+                        Shutdown::Closing(Exclusive::new(Box::pin(
+                            async move { c.shutdown().await },
+                        )));
                 }
                 Shutdown::Closing(fut) => {
                     let res = outcome(conn, ready!(fut.get_mut().as_mut().poll(cx)));

@@ -45,7 +45,10 @@ impl World {
     fn drain(&self) -> bool {
         let taken = std::mem::take(&mut self.cq.lock().unwrap().pending);
         if taken {
-            assert!(!self.handled.swap(true, SeqCst), "one completion polled twice");
+            assert!(
+                !self.handled.swap(true, SeqCst),
+                "one completion polled twice"
+            );
         }
         taken
     }

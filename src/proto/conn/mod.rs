@@ -39,6 +39,8 @@
 #![forbid(unsafe_code)]
 
 mod credits;
+#[cfg(test)]
+mod keepalive_tests;
 mod recv;
 mod rendezvous;
 #[cfg(test)]
@@ -750,9 +752,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             }
             return;
         }
-        let waited_out = self
-            .waiting_since()
-            .is_some_and(|since| now.saturating_duration_since(since) >= self.cfg.keepalive_timeout);
+        let waited_out = self.waiting_since().is_some_and(|since| {
+            now.saturating_duration_since(since) >= self.cfg.keepalive_timeout
+        });
         let silent = self.silence_deadline().is_some_and(|at| now >= at);
         if waited_out || silent {
             self.fail(QpFailure::KeepaliveTimeout(self.cfg.keepalive_timeout));

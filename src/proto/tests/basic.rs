@@ -333,7 +333,9 @@ fn selective_signaling_matches_the_policy_for_all_small_configs() {
             for m in 1..=12usize {
                 let ctx = format!("depth={depth} k={k} m={m}");
                 let mut core: Core<usize> = Core::new();
-                let qp = core.add_qp(QpConfig::new(depth as u32, 0, k as u32)).unwrap();
+                let qp = core
+                    .add_qp(QpConfig::new(depth as u32, 0, k as u32))
+                    .unwrap();
                 let s: Vec<u64> = (0..m)
                     .map(|i| submit(&mut core, qp, send_wr(), i))
                     .collect();

@@ -661,7 +661,10 @@ fn generations_wrap_only_after_many_reuses() {
     let mut seen = vec![first];
     for _ in 0..2000 {
         let k = core.add_qp(QpConfig::new(1, 1, 1)).unwrap();
-        assert!(!seen.contains(&k), "key {k:?} reused within 2000 generations");
+        assert!(
+            !seen.contains(&k),
+            "key {k:?} reused within 2000 generations"
+        );
         seen.push(k);
         assert!(core.remove_qp(k));
     }

@@ -16,7 +16,10 @@ const FLOOR: u32 = 2;
 /// minus granted), and the claims above the floors never take more than there is (`spare`).
 fn check(b: &Budget) {
     let slack = b.slack.load(Ordering::Relaxed);
-    assert!(slack >= 0, "granted more receives than are posted: slack {slack}");
+    assert!(
+        slack >= 0,
+        "granted more receives than are posted: slack {slack}"
+    );
     let spare = b.spare.load(Ordering::Relaxed);
     assert!(spare >= 0, "claimed more than the queue has: spare {spare}");
 }
@@ -30,7 +33,10 @@ fn connection(b: &Budget, inside: &AtomicU32) {
         return;
     };
     let now = inside.fetch_add(1, Ordering::Relaxed) + 1;
-    assert!(now * FLOOR <= BUFFERS, "{now} floors of {FLOOR} admitted on {BUFFERS} buffers");
+    assert!(
+        now * FLOOR <= BUFFERS,
+        "{now} floors of {FLOOR} admitted on {BUFFERS} buffers"
+    );
     check(b);
     claim.open();
     claim.consumed(b);
@@ -61,8 +67,16 @@ fn loom_models_concurrent_claims_stay_within_the_queue() {
         };
         connection(&b, &inside);
         other.join().unwrap();
-        assert_eq!(b.spare(), i64::from(BUFFERS), "every floor and growth given back");
-        assert_eq!(b.slack.load(Ordering::Relaxed), i64::from(BUFFERS - 1), "no grant left");
+        assert_eq!(
+            b.spare(),
+            i64::from(BUFFERS),
+            "every floor and growth given back"
+        );
+        assert_eq!(
+            b.slack.load(Ordering::Relaxed),
+            i64::from(BUFFERS - 1),
+            "no grant left"
+        );
         assert_eq!(b.granted(), 0);
         assert_eq!(b.connections(), 0);
     });
