@@ -629,6 +629,10 @@ impl ConnIo {
     pub(crate) fn abandon_unflushed(&self) -> (usize, usize) {
         let (recvs, sends) = {
             let mut s = self.lock();
+            if Self::data_sends_outstanding(&s) {
+                // Never flushed: whether the peer got them is unknown.
+                s.proto.data_send_failed(QpFailure::Closed);
+            }
             (std::mem::take(&mut s.recvs), std::mem::take(&mut s.sends))
         };
         // What held something (drain markers hold nothing).
@@ -656,6 +660,13 @@ impl ConnIo {
                 .iter()
                 .filter(|(_, sent)| !matches!(sent, Sent::Marker))
                 .count()
+    }
+
+    /// Whether data sends are still on the device (neither completed nor flushed).
+    pub(crate) fn data_sends_outstanding(s: &ConnState) -> bool {
+        s.sends
+            .iter()
+            .any(|(_, sent)| matches!(sent, Sent::Data(_)))
     }
 
     /// Wakes the tasks waiting for send-queue room.
@@ -792,7 +803,7 @@ impl Sink for ConnIo {
                         }
                         // A send's completion is no sign of the peer's life (its NIC acks).
                         if let Err(cause) = res {
-                            s.proto.fail(cause);
+                            s.proto.data_send_failed(cause);
                         }
                     }
                 }
