@@ -6,12 +6,16 @@
 //! delivered does **not** disconnect at once: its device may not have acknowledged the
 //! peer's `Close` yet, and once this side's queue pair leaves RTS the peer's retransmission
 //! meets nobody (the peer's `close` then failed with `IBV_WC_RETRY_EXC_ERR`, although both
-//! ends of stream had arrived). It first sends a control message whose `ctrl ack` counts the
+//! ends of stream had arrived). Each side sends a control message whose `ctrl ack` counts the
 //! peer's `Close` (its own `Close`, if that went out after the peer's arrived; else a
-//! confirming credit message), and disconnects once *that* message is delivered: the peer
-//! then knows its `Close` arrived whatever becomes of the transport's acknowledgement, and
-//! disconnects in turn. Neither side waits for a message the other one no longer sends: the
-//! wait is bounded by the keepalive timeout.
+//! confirming credit message), and disconnects once *that* message is delivered and the
+//! peer's confirmation of its own `Close` has arrived: the peer then knows its `Close` arrived
+//! whatever becomes of the transport's acknowledgement, and the peer's confirmation, the last
+//! message it sends, is in, so nothing is on its way into a queue pair that moves to the
+//! error state (rxe's flush of a receive queue that a packet is entering can lose one request,
+//! and the teardown's drain then waits out its stall limit). The side that closed second
+//! disconnects when the first one's confirmation arrives; the first when its confirmation is
+//! acknowledged, or on the disconnect. The wait is bounded by the keepalive timeout.
 //!
 //! What `close` reports ([`ConnProto::close_outcome`]): `Ok` when this side's end of stream
 //! was delivered (so was every message before it: the connection is in order), or when the
@@ -70,8 +74,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
 
     /// Whether the shell should disconnect now and drain: the connection failed (after any
     /// error report went out); or this side's end of stream was delivered and either the
-    /// peer's arrived and our confirmation of it was delivered (or waited for too long), or
-    /// this is a full close and the peer's has not arrived.
+    /// peer's arrived, the peer confirmed ours and our confirmation of its was delivered (or
+    /// that took the keepalive timeout), or this is a full close and the peer's has not
+    /// arrived.
     pub fn should_disconnect(&self) -> bool {
         if self.failure.is_some() {
             return !self.error_report_pending();
@@ -80,7 +85,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             return false;
         }
         if self.rx.peer_closed {
-            self.confirm_delivered() || self.eos.linger_over
+            self.eos_settled() || self.eos.linger_over
         } else {
             self.full_close
         }
@@ -95,6 +100,16 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// Whether the message confirming the peer's `Close` was delivered.
     fn confirm_delivered(&self) -> bool {
         self.eos.confirm_seq.is_some_and(|k| self.delivered(k))
+    }
+
+    /// Both ends of stream are settled: the peer confirmed our `Close` (so the message that
+    /// confirms it, the last the peer sends, has arrived: nothing is on its way to us any more),
+    /// and our confirmation of the peer's `Close` was delivered.
+    fn eos_settled(&self) -> bool {
+        self.eos
+            .close_seq
+            .is_some_and(|k| self.credits.ctrl_confirmed() >= k)
+            && self.confirm_delivered()
     }
 
     /// Whether a credit message must go out to confirm the peer's `Close`: we closed too, and
@@ -213,11 +228,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         if self.local_closed && !self.close_sent && self.failure.is_none() && !self.all_sent() {
             self.close_waiting_since.get_or_insert(now);
         }
-        if self.failure.is_none()
-            && self.close_done
-            && self.rx.peer_closed
-            && !self.confirm_delivered()
-        {
+        if self.failure.is_none() && self.close_done && self.rx.peer_closed && !self.eos_settled() {
             self.eos.linger_since.get_or_insert(now);
         }
     }
@@ -234,7 +245,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     pub(super) fn linger_deadline(&self) -> Option<Instant> {
         self.eos
             .linger_since
-            .filter(|_| !self.eos.linger_over && !self.confirm_delivered())
+            .filter(|_| !self.eos.linger_over && !self.eos_settled())
             .map(|t| t + self.cfg.keepalive_timeout)
     }
 
