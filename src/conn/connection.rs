@@ -287,6 +287,7 @@ impl Connection {
             _memory: memory,
         });
         if parts.peer_gone {
+            shared.io.with(|s| s.in_error = true);
             shared.qp.force_error(crate::QpFailure::Disconnected);
         }
         // On a shared receive queue: credits beyond the first may be granted now (the driver

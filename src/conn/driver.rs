@@ -66,6 +66,7 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
                         // completion queue: fail the queue pair with the cause and let its
                         // receives complete in order (successful ones first, then flushes).
                         debug!("peer disconnected");
+                        io.with(|s| s.in_error = true);
                         shared.qp.force_error(QpFailure::Disconnected);
                         // Completions the queue pair still has (then its flushes) carry the news;
                         // with nothing posted, tell the state machine directly.
@@ -99,6 +100,7 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     let cause = io.with(|s| {
         s.proto.fail(QpFailure::Closed);
         s.draining = true;
+        s.in_error = true;
         s.proto.failure().cloned()
     });
     debug!(?cause, "connection torn down");

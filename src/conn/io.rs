@@ -142,6 +142,13 @@ pub(crate) struct ConnState {
     pub(crate) driver_deadline: Option<Instant>,
     /// Set while tearing down: rings drained wakes `drained`.
     pub(crate) draining: bool,
+    /// The queue pair is being moved to the error state: post no receive any more.
+    /// Soft-RoCE's `post_recv` does not enter the kernel, and its kernel flushes a receive
+    /// queue only when the queue pair changes state or a packet arrives: a receive posted
+    /// after that flush never completes (the teardown's drain then waits out its stall
+    /// limit). Set under the lock before the state changes, so every receive posted before
+    /// is flushed.
+    pub(crate) in_error: bool,
 }
 
 /// The connection's message I/O (see the module docs).
@@ -238,6 +245,7 @@ impl ConnIo {
                 short: false,
                 driver_deadline: None,
                 draining: false,
+                in_error: false,
             }),
             qp: cfg.qp,
             wr_base: cfg.wr_base,
@@ -571,7 +579,11 @@ impl ConnIo {
     }
 
     fn post_recvs(&self, s: &mut ConnState) {
-        let want = s.proto.recvs_to_post();
+        let want = if s.in_error {
+            0
+        } else {
+            s.proto.recvs_to_post()
+        };
         if let Some(share) = s.srq.as_mut() {
             // The buffers are the shared queue's: post back what came back, then grant what
             // the claim allows (the rest stays due and is retried at the next step).
