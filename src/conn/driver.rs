@@ -68,6 +68,15 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
                         debug!("peer disconnected");
                         io.with(|s| s.in_error = true);
                         shared.qp.force_error(QpFailure::Disconnected);
+                        // What is already in the completion queue arrived before the
+                        // disconnect (the peer's end of stream among it): apply it first. On a
+                        // shared receive queue nothing of this connection may be left to flush
+                        // and carry it after the failure below.
+                        for _ in 0..64 {
+                            if shared.qp.poll_completions() == 0 {
+                                break;
+                            }
+                        }
                         // Completions the queue pair still has (then its flushes) carry the news;
                         // with nothing posted, tell the state machine directly.
                         io.with(|s| {
