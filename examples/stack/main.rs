@@ -175,8 +175,8 @@ async fn main_inner(args: Args) -> Res<()> {
     let load = Load {
         iters,
         small: args.small,
-        frames: if args.smoke { 24 } else { 10_000 },
-        large: if args.smoke { 2 } else { 100 },
+        frames: if args.smoke { 24 } else { 2000 },
+        large: if args.smoke { 2 } else { 50 },
         streams: 8,
         stream_msgs: if args.smoke { 20 } else { 200 },
     };
