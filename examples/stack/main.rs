@@ -176,7 +176,7 @@ async fn main_inner(args: Args) -> Res<()> {
         iters,
         small: args.small,
         frames: if args.smoke { 24 } else { 2000 },
-        large: if args.smoke { 2 } else { 50 },
+        large: if args.smoke { 1 } else { 50 },
         streams: 8,
         stream_msgs: if args.smoke { 20 } else { 200 },
     };
