@@ -266,7 +266,7 @@ pub(super) struct Progress<'a> {
 impl<'a> Progress<'a> {
     pub(super) fn new(conn: &'a Connection) -> Progress<'a> {
         let mut waiter = Waiter::default();
-        waiter.start();
+        waiter.start(conn.shared.qp.shared());
         Progress { conn, waiter }
     }
 
@@ -291,8 +291,13 @@ impl<'a> Progress<'a> {
             let io = &conn.io;
             // Looks at the state unless it is unchanged since the last look; then polls the
             // completion queue (which may change it) and looks once more.
+            // Event mode does not poll here (see `Shared::polls_in_place`).
+            let polls = conn.qp.shared().polls_in_place();
             for poll_cq in [false, true] {
                 if poll_cq {
+                    if !polls {
+                        break;
+                    }
                     conn.qp.poll_completions();
                 }
                 if seen == Some(io.changes()) {

@@ -114,6 +114,8 @@ impl<B: Send + 'static> RawOp<B> {
         } = self;
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
+        // The lock taken to post is kept for the first look at the result.
+        let mut posted_under = None;
         let (wr_id, buf, flushed) = match std::mem::replace(state, RawState::Done) {
             RawState::Done => panic!("operation future polled after completion"),
             RawState::Invalid { buf, err } => return Poll::Ready((Err(err), buf)),
@@ -124,7 +126,7 @@ impl<B: Send + 'static> RawOp<B> {
                     Ok(sub) => sub.wr_id,
                     Err(err) => return Poll::Ready((Err(err), buf)),
                 };
-                waiter.start();
+                waiter.start(shared);
                 if cfg.coalesce && !*eager {
                     // Yield once so that siblings started in this wake queue up too; the next
                     // poll posts them all with one doorbell.
@@ -139,6 +141,7 @@ impl<B: Send + 'static> RawOp<B> {
                 }
                 post::post(&mut st, shared, cfg.qp);
                 wake.take_from(&mut st.out);
+                posted_under = Some(st);
                 (wr_id, buf, true)
             }
             RawState::InTable {
@@ -147,7 +150,7 @@ impl<B: Send + 'static> RawOp<B> {
                 flushed,
             } => (wr_id, buf, flushed),
         };
-        let mut st = shared.lock();
+        let mut st = posted_under.unwrap_or_else(|| shared.lock());
         if !flushed {
             post::post(&mut st, shared, cfg.qp);
             wake.take_from(&mut st.out);
@@ -156,10 +159,11 @@ impl<B: Send + 'static> RawOp<B> {
         // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
         // (a runtime round trip per empty poll costs several times the poll itself); the lock
         // is released between polls, so other threads post and poll meanwhile.
-        let polls = if shared.mode == super::CompletionMode::BusyPoll {
-            IN_PLACE_POLLS
-        } else {
-            1
+        // Event mode does not poll here (see `Shared::polls_in_place`).
+        let polls = match shared.mode {
+            _ if !shared.polls_in_place() => 0,
+            super::CompletionMode::BusyPoll => IN_PLACE_POLLS,
+            _ => 1,
         };
         let mut n = 0;
         while res.is_pending() && n < polls {

@@ -9,7 +9,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 
@@ -130,8 +130,11 @@ pub(crate) struct Shared {
     pub(crate) notify: Notify,
     /// Wakes the async-event task (shutdown).
     pub(crate) notify_events: Notify,
-    /// Signalled after completions were applied while some queue pair is closing.
+    /// Signalled after the completion task applied completions, while [`closers`](Self::closers)
+    /// is not zero.
     pub(crate) drained: Notify,
+    /// `AsyncQp::close` calls waiting on `drained`.
+    pub(crate) closers: AtomicUsize,
     pub(crate) shutdown: AtomicBool,
     /// The completion task is gone (its runtime shut down): see [`Shared::stop`].
     pub(crate) stopped: AtomicBool,
@@ -226,6 +229,7 @@ impl Shared {
             notify: Notify::new(),
             notify_events: Notify::new(),
             drained: Notify::new(),
+            closers: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             closing: AtomicBool::new(false),
@@ -233,6 +237,15 @@ impl Shared {
             cq_budget: Mutex::new(0),
             srq_limit: Arc::new(Notify::new()),
         }
+    }
+
+    /// Whether a waiting future polls the CQ itself. Not in event mode while the completion
+    /// task runs: the task keeps the CQ armed whenever it sleeps, so a completion nobody has
+    /// applied yet raises an event, and the task applies it and wakes its waiter; a future
+    /// polled after that wake-up finds its outcome without polling. An in-place poll would
+    /// (nearly) always find nothing. Without the task (its runtime gone) futures poll.
+    pub(crate) fn polls_in_place(&self) -> bool {
+        self.mode != CompletionMode::Event || self.stopped.load(Ordering::Acquire)
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -341,25 +354,31 @@ impl Shared {
         let mut total = 0;
         let mut wake = Deferred::default();
         loop {
-            let n = {
+            let (n, full) = {
                 let mut st = self.lock();
                 let n = self.poll_cq(&mut st, &mut wake);
+                let full = n == st.batch.capacity();
                 if self.closing.load(Ordering::Acquire) {
                     st.reap_closed(reaped);
                     if !st.qps.iter().flatten().any(|e| e.closing) {
                         self.closing.store(false, Ordering::Release);
                     }
                 }
-                n
+                (n, full)
             };
             wake.run();
             total += n;
-            if n == 0 {
+            // A batch not filled means the CQ was empty when polled: no second poll to see it.
+            if !full {
                 break;
             }
         }
         // `AsyncQp::close` waits for this (the completion task's drains only: not the hot path).
-        self.drained.notify_waiters();
+        // A closer registers before it looks at what is posted, and that look takes the lock
+        // this drain applied its completions under: if it saw work left, this load sees it.
+        if self.closers.load(Ordering::Acquire) > 0 {
+            self.drained.notify_waiters();
+        }
         self.release(reaped);
         total
     }
