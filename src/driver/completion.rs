@@ -28,6 +28,10 @@ use crate::verbs::CompletionChannel;
 /// While futures spin, how often the task checks that they still poll (see `run`).
 const STALE_SPIN_CHECK: Duration = Duration::from_millis(2);
 
+/// Busy mode: how many rounds in a row that find nothing the completion task polls the CQ
+/// itself (yielding between them) while no future spins, before it arms the CQ and sleeps.
+const TASK_SPIN_ROUNDS: u32 = 64;
+
 /// Acknowledge CQ events once this many are pending (one `ibv_ack_cq_events` for all).
 const ACK_BATCH: u32 = 32;
 
@@ -75,11 +79,14 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let mut armed = false;
     // The event branch below has just drained the CQ: no need to poll again at once.
     let mut fresh = false;
+    // Busy mode: rounds this task has polled the CQ in a row and found nothing.
+    let mut idle_rounds = 0u32;
     loop {
         let others_polled = spun_at != Some(shared.counters.polls.load(Ordering::Relaxed));
         if !std::mem::take(&mut fresh) {
             let found = shared.drain(&mut reaped);
             seen(found, &mut watched);
+            idle_rounds = if found > 0 { 0 } else { idle_rounds + 1 };
         }
         if finished(&shared, &mut reaped) {
             break;
@@ -91,16 +98,22 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         let stale = spinners && spun_at.is_some() && !others_polled;
         spun_at = spinners.then(|| shared.counters.polls.load(Ordering::Relaxed));
         if spinners && !stale {
+            idle_rounds = 0;
             if adaptive {
                 watched = Instant::now();
             }
         } else if !armed {
             // Nobody polls the CQ: in busy mode this task does, while anything is
-            // outstanding; in adaptive mode for the spin budget after the CQ was last
+            // outstanding, for up to TASK_SPIN_ROUNDS rounds that find nothing (futures
+            // that wait spin themselves; a task spinning beside them on another worker of
+            // a multi-thread runtime only takes the CPU the device's kernel work and the
+            // peer need); in adaptive mode for the spin budget after the CQ was last
             // watched (a future that just completed is usually followed by the next one
             // within it, so no arm, no event); otherwise it arms and sleeps.
             let spin = match shared.mode {
-                CompletionMode::BusyPoll => shared.has_outstanding(),
+                CompletionMode::BusyPoll => {
+                    idle_rounds < TASK_SPIN_ROUNDS && shared.has_outstanding()
+                }
                 CompletionMode::Adaptive { max_spin } => {
                     let budget = spin_budget(shared.latency.estimate(WaitKind::Send), max_spin);
                     watched.elapsed() < budget && shared.has_outstanding()
