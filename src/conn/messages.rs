@@ -289,14 +289,14 @@ impl<'a> Progress<'a> {
             }
             let conn = &self.conn.shared;
             let io = &conn.io;
-            // Looks at the state unless it is unchanged since the last look; then polls the
-            // completion queue (which may change it) and looks once more.
-            // Event mode does not poll here (see `Shared::polls_in_place`).
-            let polls = conn.qp.shared().polls_in_place();
-            for poll_cq in [false, true] {
-                if poll_cq {
-                    if !polls {
-                        break;
+            // Looks at the state unless it is unchanged since the last look. Looks first, then polls in place as many times as the mode says (none in event
+            // mode: see `Shared::in_place_polls`), looking again after each poll that changed
+            // the state.
+            let polls = conn.qp.shared().in_place_polls();
+            for n in 0..=polls {
+                if n > 0 {
+                    if n > 1 {
+                        std::hint::spin_loop();
                     }
                     conn.qp.poll_completions();
                 }

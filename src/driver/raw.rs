@@ -27,13 +27,6 @@ use crate::error::{Error, Result};
 use crate::proto::{OpInfo, QpKey, WorkRequest};
 use crate::verbs::QpCaps;
 
-/// How many times a waiting future polls the CQ in place, in busy mode, before it returns
-/// `Pending` (waking itself) so the runtime can run other tasks: a slice of a few microseconds
-/// on hardware (tens under TCG), short enough that a worker shared with other tasks is not held
-/// noticeably longer than by one task's poll, long enough that a completion arriving within
-/// a round trip is seen without a trip through the runtime.
-const IN_PLACE_POLLS: u32 = 64;
-
 /// What every operation of one queue pair needs to know.
 #[derive(Debug, Clone)]
 pub(crate) struct OpConfig {
@@ -159,12 +152,7 @@ impl<B: Send + 'static> RawOp<B> {
         // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
         // (a runtime round trip per empty poll costs several times the poll itself); the lock
         // is released between polls, so other threads post and poll meanwhile.
-        // Event mode does not poll here (see `Shared::polls_in_place`).
-        let polls = match shared.mode {
-            _ if !shared.polls_in_place() => 0,
-            super::CompletionMode::BusyPoll => IN_PLACE_POLLS,
-            _ => 1,
-        };
+        let polls = shared.in_place_polls();
         let mut n = 0;
         while res.is_pending() && n < polls {
             if n > 0 {

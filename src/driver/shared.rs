@@ -25,6 +25,13 @@ use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
 use crate::verbs::{CompletionQueue, QueuePair, WcBatch};
 
+/// How many times a waiting future polls the CQ in place, in busy mode, before it returns
+/// `Pending` (waking itself) so the runtime can run other tasks: a slice of a few microseconds
+/// on hardware (tens under TCG), short enough that a worker shared with other tasks is not held
+/// noticeably longer than by one task's poll, long enough that a completion arriving within
+/// a round trip is seen without a trip through the runtime.
+pub(crate) const IN_PLACE_POLLS: u32 = 64;
+
 /// What a dropped operation parks in the table: its buffers, until the device is done.
 pub(crate) type Payload = Box<dyn Any + Send>;
 
@@ -246,6 +253,17 @@ impl Shared {
     /// (nearly) always find nothing. Without the task (its runtime gone) futures poll.
     pub(crate) fn polls_in_place(&self) -> bool {
         self.mode != CompletionMode::Event || self.stopped.load(Ordering::Acquire)
+    }
+
+    /// How many times one poll of a waiting future polls the CQ in place before it spins
+    /// (wakes itself) or sleeps: [`IN_PLACE_POLLS`] in busy mode, none in event mode (see
+    /// [`polls_in_place`](Self::polls_in_place)), once otherwise.
+    pub(crate) fn in_place_polls(&self) -> u32 {
+        match self.mode {
+            _ if !self.polls_in_place() => 0,
+            CompletionMode::BusyPoll => IN_PLACE_POLLS,
+            _ => 1,
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
