@@ -166,7 +166,9 @@ pub(crate) struct Deferred {
     /// nothing per slot), then on the heap.
     wakers: SmallVec<[Waker; 32]>,
     released: Vec<Payload>,
-    sinks: Vec<Arc<dyn Sink>>,
+    /// Inline up to 4 (a poll rarely applies completions of more queue pairs whose owners
+    /// have memory to release): no allocation on the data path.
+    sinks: SmallVec<[Arc<dyn Sink>; 4]>,
 }
 
 impl Deferred {
