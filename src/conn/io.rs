@@ -241,7 +241,7 @@ impl ConnIo {
                 next_send: 0,
                 unsignaled: 0,
                 staged_unsignaled: 0,
-                sq_waiters: Vec::new(),
+                sq_waiters: Vec::with_capacity(4),
                 short: false,
                 driver_deadline: None,
                 draining: false,

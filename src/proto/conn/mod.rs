@@ -205,6 +205,9 @@ struct OutMsg {
     rdv: bool,
 }
 
+/// Wakers a connection has room for before its list grows.
+const WAKERS_RESERVED: usize = 8;
+
 /// The protocol state machine of one connection. `B` is a receive buffer.
 #[derive(Debug)]
 pub struct ConnProto<B> {
@@ -287,7 +290,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             last_heard: now,
             keepalive_due: false,
             next_keepalive: cfg.keepalive.map(|k| now + k),
-            wakers: Vec::new(),
+            // Room for the futures that usually wait at once (a sender and a receiver
+            // per side, a close): waking them does not grow the list in steady state.
+            wakers: Vec::with_capacity(WAKERS_RESERVED),
             driver_kick: false,
             counters: ConnCounters::default(),
         }
