@@ -46,8 +46,7 @@ pub fn parse(list: &str) -> Result<Vec<String>, String> {
 pub async fn inject(
     menu: Vec<String>,
     every: Duration,
-    t0: Instant,
-    stop_at: Instant,
+    clock: Arc<crate::Clock>,
     seed: u64,
     log: Arc<Mutex<Vec<Event>>>,
 ) {
@@ -58,15 +57,16 @@ pub async fn inject(
     let mut n = 0u64;
     loop {
         let gap = every.mul_f64(0.5 + rng.below(1000) as f64 / 1000.0);
-        if Instant::now() + gap + Duration::from_secs(20) >= stop_at {
+        // No fault starts in the last 20 s plus the gap (by the guest's clock: roughly).
+        if clock.left() < gap.as_secs_f64() + 20.0 {
             return;
         }
         tokio::time::sleep(gap).await;
         let name = &menu[(n as usize) % menu.len()];
-        let start = t0.elapsed().as_secs_f64();
+        let start = clock.elapsed();
         println!("soak A: [{start:.0}s] fault {name}");
         let outcome = apply(name, n).await;
-        let end = t0.elapsed().as_secs_f64();
+        let end = clock.elapsed();
         println!("soak A: [{end:.0}s] fault {name} over: {outcome}");
         log.lock().expect("faults").push(Event {
             name: name.clone(),

@@ -100,6 +100,63 @@ pub fn soak_dir() -> PathBuf {
     out.join("soak")
 }
 
+/// Seconds since the epoch by the host's clock: the modification time the host gives a file
+/// written on the share. The guests' own clocks are not to be trusted for durations: a TCG
+/// guest calibrates its TSC against emulated timers under load, and was measured running 1x
+/// to 5x as fast as the host's clock (docs/faults.md, "Soak"). None if the share is unusable.
+pub fn host_now() -> Option<f64> {
+    let side = std::env::var("RXE_PAIR_SIDE").unwrap_or_default();
+    let path = soak_dir().join(format!(".clock-{side}"));
+    std::fs::write(&path, b"t").ok()?;
+    let m = std::fs::metadata(&path).ok()?.modified().ok()?;
+    Some(m.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
+}
+
+/// The run's time by the host's clock (see [`host_now`]), with the guest's as a fallback.
+#[derive(Debug)]
+pub struct Clock {
+    host0: Option<f64>,
+    guest0: std::time::Instant,
+    duration: f64,
+    over: std::sync::atomic::AtomicBool,
+}
+
+impl Clock {
+    pub fn start(duration: Duration) -> Clock {
+        Clock {
+            host0: host_now(),
+            guest0: std::time::Instant::now(),
+            duration: duration.as_secs_f64(),
+            over: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+    /// Host seconds since the start (guest seconds if the host's clock cannot be read).
+    pub fn elapsed(&self) -> f64 {
+        match (self.host0, host_now()) {
+            (Some(a), Some(b)) => b - a,
+            _ => self.guest_elapsed(),
+        }
+    }
+    pub fn guest_elapsed(&self) -> f64 {
+        self.guest0.elapsed().as_secs_f64()
+    }
+    /// Host seconds left until the end of the traffic.
+    pub fn left(&self) -> f64 {
+        self.duration - self.elapsed()
+    }
+    /// Whether the traffic time is over (updated by [`Clock::tick`]).
+    pub fn over(&self) -> bool {
+        self.over.load(Ordering::Relaxed)
+    }
+    /// Reads the host's clock every half second until the traffic time is over.
+    pub async fn tick(&self) {
+        while self.left() > 0.0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        self.over.store(true, Ordering::Relaxed);
+    }
+}
+
 /// A small random generator (xorshift64*), one per task: no global state.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);

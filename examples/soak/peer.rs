@@ -164,9 +164,21 @@ pub async fn serve(args: Args) -> i32 {
     let log = Log(Arc::new(Mutex::new(file)), Arc::default());
     let ep_priv = Endpoint::open_first_active().expect("private endpoint");
     let ep_srq = Endpoint::open_first_active_with(srq_endpoint()).expect("SRQ endpoint");
-    let (fd0, res0) = (proc_stats::fd_count(), proc_stats::resource_counts("rxe0"));
     let l_priv = listen(&ep_priv, SocketAddr::new(me, PORT), private_opts()).await;
     let l_srq = listen(&ep_srq, SocketAddr::new(me, PORT + 1), opts()).await;
+    // Warm-up: librdmacm allocates a protection domain of its own for the device the first
+    // time a connection is made, and keeps it for the life of the process; the baseline is
+    // taken after one connection to itself on each endpoint.
+    for (ep, l, port, o) in [
+        (&ep_priv, &l_priv, PORT, private_opts()),
+        (&ep_srq, &l_srq, PORT + 1, opts()),
+    ] {
+        let (c, a) = tokio::join!(ep.connect(SocketAddr::new(me, port), o), l.accept());
+        if let (Ok(c), Ok(a)) = (c, a) {
+            let _ = tokio::join!(c.close(), a.close());
+        }
+    }
+    let (fd0, res0) = (proc_stats::fd_count(), settled().await);
     println!("soak B: server {} listening", std::process::id());
     let mut tasks = tokio::task::JoinSet::new();
     loop {
@@ -197,6 +209,18 @@ pub async fn serve(args: Args) -> i32 {
         res = proc_stats::resource_counts("rxe0");
     }
     let fds = proc_stats::fd_count();
+    if res != res0 {
+        for kind in ["pd", "mr", "qp", "cq"] {
+            if let Ok(o) = std::process::Command::new("rdma")
+                .args(["resource", "show", kind, "-d"])
+                .output()
+            {
+                for l in String::from_utf8_lossy(&o.stdout).lines() {
+                    log.line(&format!("left {kind}: {l}"));
+                }
+            }
+        }
+    }
     log.line(&format!(
         "final hung_sessions={hung} fds={fd0}->{fds} device={res0:?}->{res:?} rss={}",
         proc_stats::rss_bytes()
@@ -204,6 +228,21 @@ pub async fn serve(args: Args) -> i32 {
     println!("soak B: server done: {hung} hung sessions, fds {fd0}->{fds}");
     drop((ep_priv, ep_srq));
     0
+}
+
+/// The device's resources once they stopped changing for 2 s (earlier teardown finished).
+pub async fn settled() -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let mut last = proc_stats::resource_counts("rxe0");
+    let (mut same_since, t0) = (Instant::now(), Instant::now());
+    while same_since.elapsed() < Duration::from_secs(2) && t0.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = proc_stats::resource_counts("rxe0");
+        if now != last {
+            last = now;
+            same_since = Instant::now();
+        }
+    }
+    last
 }
 
 async fn listen(ep: &Endpoint, addr: SocketAddr, opts: ConnectOptions) -> Listener {

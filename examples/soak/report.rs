@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
-use std::time::Instant;
 
 use crate::client::{CANCEL_KINDS, Stats};
 use crate::faults::Event;
@@ -64,7 +63,7 @@ pub struct Sample {
 }
 
 impl Sample {
-    pub fn take(t0: Instant, st: &Stats) -> Sample {
+    pub fn take(clock: &crate::Clock, st: &Stats) -> Sample {
         let p99_ms = {
             let mut l = st.lat.lock().expect("latency");
             let p = (!l.0.is_empty()).then(|| l.0.value_at_quantile(0.99) as f64 / 1e6);
@@ -72,7 +71,7 @@ impl Sample {
             p
         };
         Sample {
-            t: t0.elapsed().as_secs_f64(),
+            t: clock.elapsed(),
             snap: Snapshot::take(),
             p99_ms,
             msgs: st.msgs_sent.get(),
@@ -181,6 +180,8 @@ pub struct Inputs<'a> {
     pub b_done: Option<String>,
     pub hung_clients: usize,
     pub dir: &'a Path,
+    /// Guest seconds per host second over the run.
+    pub clock_rate: f64,
 }
 
 /// Prints the report, writes the SVG and the summary; true if every check passed.
@@ -297,6 +298,10 @@ pub fn finish(i: Inputs<'_>) -> bool {
             all.max() as f64 / 1e6,
             all.len()
         ),
+        format!(
+            "times by the host's clock; the guest's clock ran {:.2}x as fast",
+            i.clock_rate
+        ),
         format!("A start: {}", i.base),
         format!("A end:   {}", i.fin),
         format!(
@@ -327,6 +332,17 @@ pub fn finish(i: Inputs<'_>) -> bool {
     }
     if !i.fin.same_resources(&i.base) {
         fails.push(format!("A leaked: start {} / end {}", i.base, i.fin));
+        // What is left, for the diagnosis.
+        for kind in ["pd", "mr", "qp", "cq"] {
+            if let Ok(o) = std::process::Command::new("rdma")
+                .args(["resource", "show", kind, "-d"])
+                .output()
+            {
+                for l in String::from_utf8_lossy(&o.stdout).lines() {
+                    lines.push(format!("A left: {kind}: {l}"));
+                }
+            }
+        }
     }
     match &i.b_done {
         None => fails.push("B's supervisor did not report".into()),

@@ -31,6 +31,29 @@ pub async fn drive(args: Args) -> i32 {
     std::fs::create_dir_all(&dir).expect("soak directory");
     let ep_priv = Endpoint::open_first_active().expect("private endpoint");
     let ep_srq = Endpoint::open_first_active_with(srq_endpoint()).expect("SRQ endpoint");
+    // Warm-up: librdmacm allocates a protection domain of its own for the device with the
+    // first connection and keeps it for the life of the process; the baseline is taken
+    // after one connection on each endpoint (retried until B's server listens).
+    for (ep, port, o) in [
+        (&ep_priv, crate::PORT, crate::peer::private_opts()),
+        (&ep_srq, crate::PORT + 1, crate::peer::opts()),
+    ] {
+        let t = Instant::now();
+        loop {
+            match ep.connect(std::net::SocketAddr::new(peer, port), o.clone()).await {
+                Ok(c) => {
+                    let _ = c.close().await;
+                    break;
+                }
+                Err(e) if t.elapsed() > Duration::from_secs(180) => {
+                    eprintln!("soak A: cannot reach B's server: {e}");
+                    return 1;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
+        }
+    }
+    let _ = crate::peer::settled().await;
     let base = report::Snapshot::take();
     println!(
         "soak A: {} for {:?}, {} clients, faults every ~{:?}: {}; baseline {base}",
@@ -40,13 +63,16 @@ pub async fn drive(args: Args) -> i32 {
         args.fault_every,
         menu.join(",")
     );
-    let t0 = Instant::now();
-    let deadline = t0 + args.duration;
+    let clock = Arc::new(crate::Clock::start(args.duration));
+    let ticker = {
+        let clock = clock.clone();
+        tokio::spawn(async move { clock.tick().await })
+    };
     let ctx = Arc::new(Ctx {
         ep_priv,
         ep_srq,
         peer,
-        deadline,
+        clock: clock.clone(),
         stats: Stats::new(),
     });
     let events: Arc<Mutex<Vec<Event>>> = Arc::default();
@@ -56,11 +82,12 @@ pub async fn drive(args: Args) -> i32 {
         let (ctx, samples, done) = (ctx.clone(), samples.clone(), done.clone());
         let every = args.interval;
         tokio::spawn(async move {
-            let mut next = t0 + every;
+            // Paced by the guest's clock, stamped by the host's.
+            let mut next = Instant::now() + every;
             while !done.load(Ordering::Relaxed) {
                 tokio::time::sleep_until(next.into()).await;
                 next += every;
-                let s = Sample::take(t0, &ctx.stats);
+                let s = Sample::take(&ctx.clock, &ctx.stats);
                 println!("soak A: {s}");
                 samples.lock().expect("samples").push(s);
             }
@@ -69,8 +96,7 @@ pub async fn drive(args: Args) -> i32 {
     let injector = tokio::spawn(faults::inject(
         menu,
         args.fault_every,
-        t0,
-        deadline,
+        clock.clone(),
         args.seed,
         events.clone(),
     ));
@@ -81,7 +107,8 @@ pub async fn drive(args: Args) -> i32 {
     // Every session ends within its operations' limits after the deadline.
     let drain_limit = Duration::from_secs(300);
     let mut hung_clients = 0;
-    let end = tokio::time::Instant::from(deadline + drain_limit);
+    let _ = ticker.await;
+    let end = tokio::time::Instant::now() + drain_limit;
     while !clients.is_empty() {
         match tokio::time::timeout_at(end, clients.join_next()).await {
             Ok(_) => {}
@@ -96,11 +123,11 @@ pub async fn drive(args: Args) -> i32 {
     let _ = faults::clear(9999).await;
     done.store(true, Ordering::Relaxed);
     sampler.abort();
-    let traffic_s = t0.elapsed().as_secs_f64();
+    let traffic_s = clock.elapsed();
     samples
         .lock()
         .expect("samples")
-        .push(Sample::take(t0, &ctx.stats));
+        .push(Sample::take(&clock, &ctx.stats));
     // Dropped connections tear down in their driver tasks: give them time to finish.
     let settle = Instant::now();
     let mut fin = report::Snapshot::take();
@@ -109,7 +136,9 @@ pub async fn drive(args: Args) -> i32 {
         fin = report::Snapshot::take();
     }
     println!(
-        "soak A: traffic over after {traffic_s:.0} s; settled in {:.1} s: {fin}",
+        "soak A: traffic over after {traffic_s:.0} s (host clock; the guest's says {:.0} s); \
+         settled in {:.1} s: {fin}",
+        clock.guest_elapsed(),
         settle.elapsed().as_secs_f64()
     );
     // The server drains, logs and exits; its supervisor reports the device after.
@@ -136,6 +165,7 @@ pub async fn drive(args: Args) -> i32 {
         b_done,
         hung_clients,
         dir: &dir,
+        clock_rate: clock.guest_elapsed() / clock.elapsed().max(1e-3),
     });
     if verdict { 0 } else { 1 }
 }
