@@ -12,7 +12,7 @@ use tokio_rdma::Endpoint;
 use tokio_rdma::buf::RemoteToken;
 use tokio_rdma::conn::Connection;
 
-use crate::peer::{opts, private_opts};
+use crate::peer::{private_opts, srq_opts};
 use crate::wire::{self, HDR, Head, Kind, NONE, Order, Verdict};
 use crate::{Count, PORT, REGION, Rng};
 
@@ -117,8 +117,7 @@ async fn limit<T>(what: &str, f: impl std::future::Future<Output = T>) -> Res<T>
 
 /// A short random limit that cancels the future now and then (None: no cancellation).
 fn cancel_after(rng: &mut Rng, pct: u64) -> Option<Duration> {
-    rng.pct(pct)
-        .then(|| Duration::from_micros(rng.below(3000)))
+    rng.pct(pct).then(|| Duration::from_micros(rng.below(3000)))
 }
 
 /// One client: sessions until the deadline.
@@ -132,7 +131,7 @@ pub async fn client(w: u64, ctx: Arc<Ctx>, seed: u64) {
         let id = w << 32 | k;
         let srq = rng.pct(50);
         let (ep, port, o) = if srq {
-            (&ctx.ep_srq, PORT + 1, opts())
+            (&ctx.ep_srq, PORT + 1, srq_opts())
         } else {
             (&ctx.ep_priv, PORT, private_opts())
         };
@@ -219,7 +218,9 @@ pub async fn client(w: u64, ctx: Arc<Ctx>, seed: u64) {
                 st.problem(format!("session {id:x}: {e}"));
             }
         }
-        st.active.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        st.active
+            .0
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -253,8 +254,14 @@ impl Session<'_> {
     async fn run(&mut self, rng: &mut Rng, clock: &crate::Clock) -> Res<End> {
         let hello = self.send(Kind::Hello, HDR, 0, 0, false, None).await?;
         let (h, m) = self.reply(hello, rng).await?;
-        let token = RemoteToken::from_bytes(&m[HDR..HDR + 20])
-            .map_err(|e| Fail::Conn(format!("server's token: {e} ({h:?})")))?;
+        // The server's grant (none on the SRQ endpoint: no one-sided access there).
+        let token = match m.get(HDR..HDR + 20) {
+            Some(t) => Some(
+                RemoteToken::from_bytes(t)
+                    .map_err(|e| Fail::Conn(format!("server's token: {e} ({h:?})")))?,
+            ),
+            None => None,
+        };
         let n = 1 + rng.below(120);
         for _ in 0..n {
             if clock.over() {
@@ -262,7 +269,7 @@ impl Session<'_> {
             }
             match rng.below(100) {
                 0..75 => self.data(rng).await?,
-                75..92 => self.one_sided(rng, token).await?,
+                75..92 if token.is_some() => self.one_sided(rng, token.expect("token")).await?,
                 _ => {
                     let s = self.send(Kind::Sync, HDR, 0, 0, false, None).await?;
                     self.reply(s, rng).await?;
@@ -377,14 +384,18 @@ impl Session<'_> {
                 Verdict::Ok => {}
                 Verdict::Duplicate => {
                     self.st.duplicated.add(1);
-                    self.st
-                        .problem(format!("session {:x}: duplicate answer #{}", self.id, h.seq));
+                    self.st.problem(format!(
+                        "session {:x}: duplicate answer #{}",
+                        self.id, h.seq
+                    ));
                     continue;
                 }
                 Verdict::Lost => {
                     self.st.lost.add(1);
-                    self.st
-                        .problem(format!("session {:x}: answer lost before #{}", self.id, h.seq));
+                    self.st.problem(format!(
+                        "session {:x}: answer lost before #{}",
+                        self.id, h.seq
+                    ));
                 }
             }
             self.st.replies.add(1);
@@ -422,7 +433,9 @@ impl Session<'_> {
         }
         self.reply(seq, rng).await?;
         if len <= 4096 {
-            let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1);
+            let ns = u64::try_from(t0.elapsed().as_nanos())
+                .unwrap_or(u64::MAX)
+                .max(1);
             let mut l = self.st.lat.lock().expect("latency");
             l.0.saturating_record(ns);
             l.1.saturating_record(ns);

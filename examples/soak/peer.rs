@@ -38,6 +38,12 @@ pub fn private_opts() -> ConnectOptions {
     opts().recv_buf_size(8 << 10)
 }
 
+/// Options of the shared-receive-queue endpoint's connections: no one-sided access (its
+/// connections share one protection domain, so a grant would be open to every peer: refused).
+pub fn srq_opts() -> ConnectOptions {
+    opts().one_sided(false)
+}
+
 /// Options of a shared-receive-queue endpoint.
 pub fn srq_endpoint() -> EndpointOptions {
     EndpointOptions::default().shared_receive_queue(SrqOptions::default().buffers(2048))
@@ -138,7 +144,10 @@ fn link(state: &[&str]) -> String {
 
 /// The server's log: one line per record, written at once (a killed server loses none).
 #[derive(Clone)]
-struct Log(Arc<Mutex<std::fs::File>>, Arc<std::sync::atomic::AtomicBool>);
+struct Log(
+    Arc<Mutex<std::fs::File>>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
 
 impl Log {
     fn line(&self, s: &str) {
@@ -165,17 +174,25 @@ pub async fn serve(args: Args) -> i32 {
     let ep_priv = Endpoint::open_first_active().expect("private endpoint");
     let ep_srq = Endpoint::open_first_active_with(srq_endpoint()).expect("SRQ endpoint");
     let l_priv = listen(&ep_priv, SocketAddr::new(me, PORT), private_opts()).await;
-    let l_srq = listen(&ep_srq, SocketAddr::new(me, PORT + 1), opts()).await;
+    let l_srq = listen(&ep_srq, SocketAddr::new(me, PORT + 1), srq_opts()).await;
     // Warm-up: librdmacm allocates a protection domain of its own for the device the first
     // time a connection is made, and keeps it for the life of the process; the baseline is
     // taken after one connection to itself on each endpoint.
     for (ep, l, port, o) in [
         (&ep_priv, &l_priv, PORT, private_opts()),
-        (&ep_srq, &l_srq, PORT + 1, opts()),
+        (&ep_srq, &l_srq, PORT + 1, srq_opts()),
     ] {
-        let (c, a) = tokio::join!(ep.connect(SocketAddr::new(me, port), o), l.accept());
-        if let (Ok(c), Ok(a)) = (c, a) {
-            let _ = tokio::join!(c.close(), a.close());
+        let accept = tokio::time::timeout(Duration::from_secs(60), l.accept());
+        let (c, a) = tokio::join!(ep.connect(SocketAddr::new(me, port), o), accept);
+        match (c, a) {
+            (Ok(c), Ok(Ok(a))) => {
+                let _ = tokio::join!(c.close(), a.close());
+            }
+            (c, a) => eprintln!(
+                "soak B: warm-up connection: {:?} / {:?}",
+                c.err(),
+                a.map(|r| r.err())
+            ),
         }
     }
     let (fd0, res0) = (proc_stats::fd_count(), settled().await);
@@ -309,7 +326,10 @@ async fn session(conn: Connection, log: Log, ep: &'static str) {
         if id == NONE {
             id = h.session;
         } else if h.session != id {
-            log.line(&format!("violation {id} corrupt session {} in session {id}", h.session));
+            log.line(&format!(
+                "violation {id} corrupt session {} in session {id}",
+                h.session
+            ));
             continue;
         }
         // A deliberately broken server "loses" the message (it still answers it).
@@ -333,6 +353,8 @@ async fn session(conn: Connection, log: Log, ep: &'static str) {
             )),
         }
         let (len, aux, payload, zero_copy) = match h.kind {
+            // A grant on the private-pool endpoint; none on the SRQ one (no one-sided access).
+            Kind::Hello if ep == "srq" => (wire::HDR, 0, None, false),
             Kind::Hello => {
                 let g = match make_grant(&conn).await {
                     Ok(g) => g,
@@ -366,12 +388,18 @@ async fn session(conn: Connection, log: Log, ep: &'static str) {
             }
             Kind::Sync => (64, 0, None, false),
             Kind::Ack => {
-                log.line(&format!("violation {id} corrupt: an Ack sent to the server"));
+                log.line(&format!(
+                    "violation {id} corrupt: an Ack sent to the server"
+                ));
                 continue;
             }
         };
         let reply = Head {
-            kind: if h.kind == Kind::Hello { Kind::Hello } else { Kind::Ack },
+            kind: if h.kind == Kind::Hello {
+                Kind::Hello
+            } else {
+                Kind::Ack
+            },
             session: id,
             seq: my_seq,
             last_ok,

@@ -94,7 +94,8 @@ impl fmt::Display for Sample {
             self.msgs,
             self.sessions,
             self.active,
-            self.p99_ms.map_or_else(|| "-".into(), |p| format!("{p:.1}")),
+            self.p99_ms
+                .map_or_else(|| "-".into(), |p| format!("{p:.1}")),
             self.snap
         )
     }
@@ -144,8 +145,7 @@ fn read_server_logs(dir: &Path) -> ServerLog {
             match w.next() {
                 Some("session") => {
                     let id: u64 = w.next().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
-                    let kv: HashMap<&str, &str> =
-                        w.filter_map(|t| t.split_once('=')).collect();
+                    let kv: HashMap<&str, &str> = w.filter_map(|t| t.split_once('=')).collect();
                     let last = kv.get("last").and_then(|v| v.parse().ok());
                     out.received += kv.get("received").and_then(|v| v.parse().ok()).unwrap_or(0);
                     let end = kv.get("end").copied().unwrap_or("?").to_string();
@@ -196,8 +196,7 @@ pub fn finish(i: Inputs<'_>) -> bool {
         match b.sessions.get(id) {
             None => unverified += 1,
             Some((last, end)) => {
-                let got_all =
-                    *last_ok == crate::wire::NONE || last.is_some_and(|l| l >= *last_ok);
+                let got_all = *last_ok == crate::wire::NONE || last.is_some_and(|l| l >= *last_ok);
                 if got_all && end == "eof" {
                     verified += 1;
                 } else {
@@ -288,7 +287,10 @@ pub fn finish(i: Inputs<'_>) -> bool {
             "closed Ok: {verified} verified against the server's records, {unverified} \
              unverifiable (server killed before its record)"
         ),
-        format!("corrupt {corrupt}, lost {lost}, duplicated {duplicated}, hung {}", st.hung.get()),
+        format!(
+            "corrupt {corrupt}, lost {lost}, duplicated {duplicated}, hung {}",
+            st.hung.get()
+        ),
         format!(
             "latency (round trip, <= 4 KiB): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max \
              {:.1} ms over {} samples",
@@ -370,7 +372,9 @@ pub fn finish(i: Inputs<'_>) -> bool {
         fails.push("B's last server wrote no final line".into());
     }
     if unverified > 0 && kills == 0 {
-        fails.push(format!("{unverified} closed sessions without a server record"));
+        fails.push(format!(
+            "{unverified} closed sessions without a server record"
+        ));
     }
     if st.msgs_sent.get() == 0 || verified == 0 {
         fails.push("no traffic verified".into());
@@ -401,14 +405,13 @@ pub fn finish(i: Inputs<'_>) -> bool {
     let pass = fails.is_empty();
     lines.push(format!("soak: {}", if pass { "PASS" } else { "FAIL" }));
     let text = lines.join("\n") + "\n";
-    print!("{}", text.lines().map(|l| format!("{l}\n")).collect::<String>());
+    print!(
+        "{}",
+        text.lines().map(|l| format!("{l}\n")).collect::<String>()
+    );
     let _ = std::fs::write(i.dir.join("summary.txt"), &text);
     let _ = std::fs::write(i.dir.join("samples.csv"), csv(i.samples));
-    let path = i
-        .args
-        .svg
-        .clone()
-        .unwrap_or_else(|| i.dir.join("soak.svg"));
+    let path = i.args.svg.clone().unwrap_or_else(|| i.dir.join("soak.svg"));
     let title = format!(
         "tokio-rdma soak: {:.0} min, {} clients, {} faults; corrupt {corrupt} lost {lost} \
          duplicated {duplicated}",

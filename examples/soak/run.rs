@@ -36,11 +36,14 @@ pub async fn drive(args: Args) -> i32 {
     // after one connection on each endpoint (retried until B's server listens).
     for (ep, port, o) in [
         (&ep_priv, crate::PORT, crate::peer::private_opts()),
-        (&ep_srq, crate::PORT + 1, crate::peer::opts()),
+        (&ep_srq, crate::PORT + 1, crate::peer::srq_opts()),
     ] {
         let t = Instant::now();
         loop {
-            match ep.connect(std::net::SocketAddr::new(peer, port), o.clone()).await {
+            match ep
+                .connect(std::net::SocketAddr::new(peer, port), o.clone())
+                .await
+            {
                 Ok(c) => {
                     let _ = c.close().await;
                     break;
@@ -57,7 +60,11 @@ pub async fn drive(args: Args) -> i32 {
     let base = report::Snapshot::take();
     println!(
         "soak A: {} for {:?}, {} clients, faults every ~{:?}: {}; baseline {base}",
-        if report::broken() { "DELIBERATELY BROKEN run" } else { "run" },
+        if report::broken() {
+            "DELIBERATELY BROKEN run"
+        } else {
+            "run"
+        },
         args.duration,
         args.conns,
         args.fault_every,

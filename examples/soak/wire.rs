@@ -81,7 +81,10 @@ pub fn encode(h: &Head, len: usize, payload: Option<&[u8]>) -> Vec<u8> {
     let mut m = vec![0u8; len];
     match payload {
         Some(p) => m[HDR..HDR + p.len()].copy_from_slice(p),
-        None => fill(h.session ^ h.seq.rotate_left(20) ^ h.kind as u64, &mut m[HDR..]),
+        None => fill(
+            h.session ^ h.seq.rotate_left(20) ^ h.kind as u64,
+            &mut m[HDR..],
+        ),
     }
     m[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     m[4] = h.kind as u8;
