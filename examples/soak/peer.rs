@@ -173,15 +173,15 @@ pub async fn serve(args: Args) -> i32 {
     let log = Log(Arc::new(Mutex::new(file)), Arc::default());
     let ep_priv = Endpoint::open_first_active().expect("private endpoint");
     let ep_srq = Endpoint::open_first_active_with(srq_endpoint()).expect("SRQ endpoint");
-    let l_priv = listen(&ep_priv, SocketAddr::new(me, PORT), private_opts()).await;
-    let l_srq = listen(&ep_srq, SocketAddr::new(me, PORT + 1), srq_opts()).await;
     // Warm-up: librdmacm allocates a protection domain of its own for the device the first
     // time a connection is made, and keeps it for the life of the process; the baseline is
-    // taken after one connection to itself on each endpoint.
-    for (ep, l, port, o) in [
-        (&ep_priv, &l_priv, PORT, private_opts()),
-        (&ep_srq, &l_srq, PORT + 1, srq_opts()),
+    // taken after one connection to itself on each endpoint, on ports of its own (A's
+    // clients, reconnecting, would be accepted on the soak's ports before the baseline).
+    for (ep, port, o) in [
+        (&ep_priv, PORT + 10, private_opts()),
+        (&ep_srq, PORT + 11, srq_opts()),
     ] {
+        let l = listen(ep, SocketAddr::new(me, port), o.clone()).await;
         let accept = tokio::time::timeout(Duration::from_secs(60), l.accept());
         let (c, a) = tokio::join!(ep.connect(SocketAddr::new(me, port), o), accept);
         match (c, a) {
@@ -196,6 +196,8 @@ pub async fn serve(args: Args) -> i32 {
         }
     }
     let (fd0, res0) = (proc_stats::fd_count(), settled().await);
+    let l_priv = listen(&ep_priv, SocketAddr::new(me, PORT), private_opts()).await;
+    let l_srq = listen(&ep_srq, SocketAddr::new(me, PORT + 1), srq_opts()).await;
     println!("soak B: server {} listening", std::process::id());
     let mut tasks = tokio::task::JoinSet::new();
     loop {
