@@ -49,6 +49,18 @@ pub fn srq_endpoint() -> EndpointOptions {
     EndpointOptions::default().shared_receive_queue(SrqOptions::default().buffers(2048))
 }
 
+/// Device resources as one word: `cm_id:0,cq:3,...` (or `error`).
+pub fn compact(r: &Result<std::collections::BTreeMap<String, u64>, String>) -> String {
+    match r {
+        Ok(m) => m
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        Err(_) => "error".into(),
+    }
+}
+
 fn exists(dir: &Path, name: &str) -> bool {
     dir.join(name).exists()
 }
@@ -118,10 +130,10 @@ pub fn supervise(_args: &Args) -> i32 {
                 std::thread::sleep(Duration::from_secs(2));
                 let after = proc_stats::resource_counts("rxe0");
                 let line = format!(
-                    "B-done exit={} restarts={restarts} device_before={:?} device_after={:?}\n",
+                    "B-done exit={} restarts={restarts} device={}->{}\n",
                     st.code().unwrap_or(-1),
-                    base,
-                    after
+                    compact(&base),
+                    compact(&after)
                 );
                 print!("soak B: {line}");
                 write_file(&dir, "B-done", &line);
@@ -195,7 +207,7 @@ pub async fn serve(args: Args) -> i32 {
             ),
         }
     }
-    let (fd0, res0) = (proc_stats::fd_count(), settled().await);
+    let (fd0, res0) = settled().await;
     let l_priv = listen(&ep_priv, SocketAddr::new(me, PORT), private_opts()).await;
     let l_srq = listen(&ep_srq, SocketAddr::new(me, PORT + 1), srq_opts()).await;
     println!("soak B: server {} listening", std::process::id());
@@ -241,7 +253,9 @@ pub async fn serve(args: Args) -> i32 {
         }
     }
     log.line(&format!(
-        "final hung_sessions={hung} fds={fd0}->{fds} device={res0:?}->{res:?} rss={}",
+        "final hung_sessions={hung} fds={fd0}->{fds} device={}->{} rss={}",
+        compact(&res0),
+        compact(&res),
         proc_stats::rss_bytes()
     ));
     println!("soak B: server done: {hung} hung sessions, fds {fd0}->{fds}");
@@ -249,15 +263,20 @@ pub async fn serve(args: Args) -> i32 {
     0
 }
 
-/// The device's resources once they stopped changing for 2 s (earlier teardown finished).
-pub async fn settled() -> Result<std::collections::BTreeMap<String, u64>, String> {
-    let mut last = proc_stats::resource_counts("rxe0");
+/// The process's fds and the device's resources once they stopped changing for 2 s (earlier
+/// teardown, which closes fds and destroys ids in the background, finished).
+pub async fn settled() -> (
+    usize,
+    Result<std::collections::BTreeMap<String, u64>, String>,
+) {
+    let now = || (proc_stats::fd_count(), proc_stats::resource_counts("rxe0"));
+    let mut last = now();
     let (mut same_since, t0) = (Instant::now(), Instant::now());
     while same_since.elapsed() < Duration::from_secs(2) && t0.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = proc_stats::resource_counts("rxe0");
-        if now != last {
-            last = now;
+        let n = now();
+        if n != last {
+            last = n;
             same_since = Instant::now();
         }
     }
