@@ -447,7 +447,7 @@ impl Session<'_> {
     /// server check its region holds it.
     async fn one_sided(&mut self, rng: &mut Rng, token: RemoteToken) -> Res<()> {
         let len = 1 + rng.below(REGION as u64) as usize;
-        let pattern = rng.next();
+        let pattern = rng.next_u64();
         let pool = self
             .conn
             .pool()
