@@ -193,7 +193,7 @@ pub fn finish(i: Inputs<'_>) -> bool {
     let mut fails: Vec<String> = Vec::new();
     // A session whose close() returned Ok: the server must have received every message whose
     // send returned Ok, then end of stream.
-    let (mut verified, mut unverified, mut lost_at_close) = (0u64, 0u64, 0u64);
+    let (mut verified, mut unverified, mut lost_at_close, mut eos_lost) = (0u64, 0u64, 0u64, 0u64);
     for (id, last_ok) in st.closed_ok.lock().expect("records").iter() {
         match b.sessions.get(id) {
             None => unverified += 1,
@@ -202,11 +202,23 @@ pub fn finish(i: Inputs<'_>) -> bool {
                 if got_all && end == "eof" {
                     verified += 1;
                 } else {
-                    lost_at_close += 1;
-                    if lost_at_close <= 5 {
+                    // Data not received is lost; all data received but a failure instead of
+                    // the end of stream means the acknowledged `Close` itself was lost.
+                    let n = if got_all {
+                        &mut eos_lost
+                    } else {
+                        &mut lost_at_close
+                    };
+                    *n += 1;
+                    if *n <= 5 {
                         fails.push(format!(
                             "session {id:x}: close() returned Ok after send #{last_ok}, the \
-                             server received up to {last:?} and ended with {end}"
+                             server received up to {last:?} and ended with {end}{}",
+                            if got_all {
+                                " (every message arrived; the end of stream did not)"
+                            } else {
+                                ""
+                            }
                         ));
                     }
                 }
@@ -325,6 +337,12 @@ pub fn finish(i: Inputs<'_>) -> bool {
     if corrupt + lost + duplicated > 0 {
         fails.push(format!(
             "corrupt {corrupt}, lost {lost}, duplicated {duplicated} (must all be 0)"
+        ));
+    }
+    if eos_lost > 0 {
+        fails.push(format!(
+            "{eos_lost} sessions: the client's close() returned Ok, the server received every \
+             message but its recv() failed instead of returning the end of stream"
         ));
     }
     if st.hung.get() > 0 || i.hung_clients > 0 {
