@@ -302,7 +302,8 @@ pub fn finish(i: Inputs<'_>) -> bool {
              unverifiable (server killed before its record)"
         ),
         format!(
-            "corrupt {corrupt}, lost {lost}, duplicated {duplicated}, hung {}",
+            "corrupt {corrupt}, lost {lost}, duplicated {duplicated}, hung {}; end of stream \
+             lost after close() returned Ok: {eos_lost}",
             st.hung.get()
         ),
         format!(
