@@ -73,13 +73,16 @@ pub(crate) enum Source<'a> {
     /// Bytes in memory registered in the connection's protection domain (`lkey`): chunks that
     /// are not inline are sent straight from them.
     Registered(&'a Bytes, u32),
+    /// Bytes the caller already copied into one of the connection's staging buffers (`lkey`):
+    /// sent straight from there, counted as copied.
+    Staged(&'a Bytes, u32),
 }
 
 impl Source<'_> {
     pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             Source::Copy(b) => b,
-            Source::Registered(b, _) => b,
+            Source::Registered(b, _) | Source::Staged(b, _) => b,
         }
     }
 }
@@ -417,7 +420,7 @@ impl ConnIo {
             (Sent::Data(Held::Inline), unsafe {
                 self.qp.post_send(&[wr])
             })
-        } else if let Source::Registered(owner, lkey) = src {
+        } else if let Source::Registered(owner, lkey) | Source::Staged(owner, lkey) = src {
             let held = owner.slice(range);
             // The application waits for its buffer: the last chunk of the message always
             // asks for the completion that gives it back.
@@ -431,7 +434,11 @@ impl ConnIo {
                 signaled,
                 ..SendWr::new(wr_id, op, &sge)
             };
-            s.sent_bytes.zero_copy += held.len() as u64;
+            if matches!(src, Source::Staged(..)) {
+                s.sent_bytes.staged += held.len() as u64;
+            } else {
+                s.sent_bytes.zero_copy += held.len() as u64;
+            }
             // SAFETY: `held` is registered in this QP's domain (`lkey`, checked by the caller),
             // immutable, and stays in `sends` until this send is retired by a completion.
             let r = unsafe { self.qp.post_send(&[wr]) };

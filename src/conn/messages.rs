@@ -170,6 +170,24 @@ impl Connection {
         self.send_bytes(buf.freeze()).await
     }
 
+    /// Sends the filled part of `buf`, a staging buffer of this connection (the caller copied
+    /// the message into it: one copy instead of two), straight from it. Falls back to a copy
+    /// if `buf` is not one.
+    pub(crate) async fn send_staged(&self, buf: PoolBuf) -> Result<()> {
+        let bytes = buf.freeze();
+        match self
+            .shared
+            .io
+            .staging()
+            .lkey_of(bytes.as_ptr() as usize, bytes.len())
+        {
+            Some(lkey) if bytes.len() > self.shared.io.max_inline() => {
+                self.send_from(Source::Staged(&bytes, lkey), None).await
+            }
+            _ => self.send_from(Source::Copy(&bytes), None).await,
+        }
+    }
+
     /// Sends the message in `src`; with `rdv`, `src` is the descriptor of `rdv`'s message,
     /// which goes by rendezvous (resolving once the peer read it).
     async fn send_from(&self, src: Source<'_>, mut rdv: Option<RdvSource>) -> Result<()> {

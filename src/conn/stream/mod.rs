@@ -153,8 +153,8 @@ macro_rules! read_impls {
 }
 
 /// `AsyncWrite` for a type with `conn: Arc<Connection>` and `wr: WriteState` (the stream and
-/// its write half). Vectored writes gather the slices into one message (one copy), up to the
-/// write limit.
+/// its write half). Vectored writes gather the slices into one message, copied once into a
+/// staging buffer of the connection and sent from there (see `write.rs`).
 macro_rules! write_impls {
     ($t:ty) => {
         impl tokio::io::AsyncWrite for $t {

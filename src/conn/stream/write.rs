@@ -1,7 +1,9 @@
 //! The write side of an [`RdmaStream`](super::RdmaStream): what a `write` returning `Ok(n)`
 //! promises, and how shutdown ends the direction.
 //!
-//! A write copies its bytes into an owned message and starts sending it in the same call.
+//! A write copies its bytes once, into a staging buffer of the connection (a write that
+//! goes inline, or finds none free, into an owned message instead), and starts sending it in
+//! the same call.
 //! If the send is not on the device when the call returns (no credits yet, no staging buffer,
 //! more chunks than fit at once), it goes on as a task of its own on the runtime: it makes
 //! progress whether or not anyone polls the stream again, flushes it, or drops it, and it
@@ -90,16 +92,24 @@ impl WriteState {
         if n == 0 {
             return Poll::Ready(Ok(0));
         }
-        let mut data = Vec::with_capacity(n);
-        for b in bufs {
-            let take = (n - data.len()).min(b.len());
-            data.extend_from_slice(&b[..take]);
-            if data.len() == n {
-                break;
-            }
-        }
         let c = conn.clone();
-        let mut send: SendFut = Box::pin(async move { c.send(&data).await });
+        let (n, mut send): (usize, SendFut) = match staging_buffer(conn, n) {
+            // One copy: straight into a staging buffer, sent from there (a write of more than
+            // one chunk returns a short count, as a socket's does).
+            Some(mut buf) => {
+                let n = buf.capacity().min(n);
+                buf.set_len(n);
+                gather(bufs, &mut buf[..]);
+                (n, Box::pin(async move { c.send_staged(buf).await }))
+            }
+            // Inline-sized writes, and no staging buffer free: the message is copied out of
+            // `bufs` first (the send may outlive this call) and once more when it goes.
+            None => {
+                let mut data = vec![0u8; n];
+                gather(bufs, &mut data);
+                (n, Box::pin(async move { c.send(&data).await }))
+            }
+        };
         // Start it now: the message takes its place in the connection's order (before any
         // later write or end of stream) in this first poll.
         match send.as_mut().poll(cx) {
@@ -160,6 +170,30 @@ impl WriteState {
                     return Poll::Ready(res);
                 }
             }
+        }
+    }
+}
+
+/// A free staging buffer of the connection for a write of `n` bytes that does not go inline
+/// (at most one chunk of it: the buffer's size).
+fn staging_buffer(conn: &Connection, n: usize) -> Option<crate::buf::PoolBuf> {
+    let io = &conn.shared.io;
+    if n <= io.max_inline() {
+        return None;
+    }
+    let chunk = usize::try_from(conn.shared.params.max_send_size).unwrap_or(usize::MAX);
+    io.staging().try_acquire(n.min(chunk)).ok().flatten()
+}
+
+/// Copies the first `out.len()` bytes of `bufs` into `out`.
+fn gather(bufs: &[io::IoSlice<'_>], out: &mut [u8]) {
+    let mut at = 0;
+    for b in bufs {
+        let take = (out.len() - at).min(b.len());
+        out[at..at + take].copy_from_slice(&b[..take]);
+        at += take;
+        if at == out.len() {
+            break;
         }
     }
 }
