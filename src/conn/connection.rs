@@ -544,22 +544,38 @@ impl Connection {
     ///
     /// Cancel safe: the close goes on in the background if the future is dropped.
     pub async fn close(&self) -> Result<()> {
+        let t0 = Instant::now();
         self.shared.io.with(|s| s.proto.close_full());
         let res = self.wait_close().await;
+        let eos = t0.elapsed();
+        let eos_ok = res.is_ok();
         // The driver task disconnects and drains: wait until everything is flushed and every
         // buffer is back (bounded by its drain limit).
         let _ = self.shared.qp.close().instrument(self.span.clone()).await;
+        let qp_drained = t0.elapsed();
         let io = &self.shared.io;
         crate::driver::wait_until(&io.done, || io.torn_down.load(Ordering::Acquire)).await;
-        if res.is_ok() {
-            return res;
-        }
-        // Every send is accounted for now (completed, flushed, or given up): what reached the
-        // peer is known.
-        io.with(|s| {
-            let unaccounted = super::io::ConnIo::data_sends_outstanding(s);
-            s.proto.close_outcome(unaccounted)
-        })
+        let out = if res.is_ok() {
+            res
+        } else {
+            // Every send is accounted for now (completed, flushed, or given up): what reached
+            // the peer is known.
+            io.with(|s| {
+                let unaccounted = super::io::ConnIo::data_sends_outstanding(s);
+                s.proto.close_outcome(unaccounted)
+            })
+        };
+        debug!(
+            parent: &self.span,
+            qpn = self.shared.qp.qpn(),
+            ?eos,
+            ?qp_drained,
+            torn_down = ?t0.elapsed(),
+            eos_ok,
+            ok = out.is_ok(),
+            "close() phases"
+        );
+        out
     }
 }
 

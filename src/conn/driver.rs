@@ -32,9 +32,10 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
         let (deadline, disconnect, short) = io.with(|s| {
             let deadline = s.proto.poll_timeout();
             s.driver_deadline = deadline;
-            (deadline, s.proto.should_disconnect(), s.short)
+            (deadline, s.proto.disconnect_reason(), s.short)
         });
-        if disconnect {
+        if let Some(reason) = disconnect {
+            debug!(qpn = shared.qp.qpn(), reason, "disconnect due");
             break;
         }
         if short && refill.is_none() {
@@ -65,7 +66,7 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
                         // Messages that arrived before the disconnect are still in the
                         // completion queue: fail the queue pair with the cause and let its
                         // receives complete in order (successful ones first, then flushes).
-                        debug!("peer disconnected");
+                        debug!(qpn = shared.qp.qpn(), "peer disconnected (RDMA CM)");
                         io.with(|s| s.in_error = true);
                         shared.qp.force_error(QpFailure::Disconnected);
                         // What is already in the completion queue arrived before the
@@ -112,7 +113,7 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
         s.in_error = true;
         s.proto.failure().cloned()
     });
-    debug!(?cause, "connection torn down");
+    debug!(qpn = shared.qp.qpn(), ?cause, "connection torn down");
     if let Err(e) = id.disconnect() {
         trace!(error = %e, "rdma_disconnect");
     }
@@ -151,6 +152,12 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
         }
     }
     .await;
+    debug!(
+        qpn = shared.qp.qpn(),
+        drained,
+        waited = ?started.elapsed(),
+        "teardown: drain over"
+    );
     if !drained {
         let (recvs, sends) = io.abandon_unflushed();
         warn!(

@@ -91,6 +91,23 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         }
     }
 
+    /// Why [`should_disconnect`](Self::should_disconnect) holds (for the teardown's log);
+    /// `None` while it does not.
+    pub fn disconnect_reason(&self) -> Option<&'static str> {
+        if !self.should_disconnect() {
+            return None;
+        }
+        Some(if self.failure.is_some() {
+            "failed"
+        } else if !self.rx.peer_closed {
+            "full close before the peer's end of stream"
+        } else if self.eos_settled() {
+            "both ends of stream confirmed"
+        } else {
+            "confirmation wait over (keepalive timeout)"
+        })
+    }
+
     /// Whether our control message number `seq` (1-based) is known delivered: its send
     /// completed, or the peer's `ctrl ack` counts it.
     fn delivered(&self, seq: u64) -> bool {
