@@ -106,6 +106,19 @@ impl<B: Send + 'static> RawOp<B> {
             eager,
         } = self;
         let shared: &Shared = &cfg.shared;
+        // Tokio's cooperative budget, as its own I/O types: a loop of operations that always
+        // complete within their in-place polls still yields once the task's budget is spent.
+        // The budget is spent only by a poll that completes the operation.
+        let coop = if matches!(state, RawState::Init { .. } | RawState::InTable { .. }) {
+            Some(std::task::ready!(tokio::task::coop::poll_proceed(cx)))
+        } else {
+            None
+        };
+        let progress = || {
+            if let Some(c) = &coop {
+                c.made_progress();
+            }
+        };
         let mut wake = Deferred::default();
         // The lock taken to post is kept for the first look at the result.
         let mut posted_under = None;
@@ -117,7 +130,10 @@ impl<B: Send + 'static> RawOp<B> {
                 let mut st = shared.lock();
                 let wr_id = match st.core.submit_unparked(cfg.qp, wr) {
                     Ok(sub) => sub.wr_id,
-                    Err(err) => return Poll::Ready((Err(err), buf)),
+                    Err(err) => {
+                        progress();
+                        return Poll::Ready((Err(err), buf));
+                    }
                 };
                 waiter.start(shared);
                 if cfg.coalesce && !*eager {
@@ -172,6 +188,7 @@ impl<B: Send + 'static> RawOp<B> {
         if let Poll::Ready(outcome) = res {
             drop(st);
             wake.run();
+            progress();
             waiter.done(shared, *kind);
             return Poll::Ready((outcome, buf));
         }
