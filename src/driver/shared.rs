@@ -414,7 +414,7 @@ impl Shared {
         if reaped.is_empty() {
             return;
         }
-        let entries: Vec<QpEntry> = reaped.drain(..).collect();
+        let entries: Vec<QpEntry> = std::mem::take(reaped);
         let budget = self.cq_budget.clone();
         super::off_runtime(move || {
             for e in entries {
