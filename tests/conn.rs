@@ -585,6 +585,7 @@ async fn killed_peer_fails_pending_ops_in_bounded_time() {
 #[tokio::test(flavor = "current_thread")]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
 async fn ready_operations_spend_the_tasks_cooperative_budget() {
+    use std::task::Poll;
     use tokio::task::coop;
     use tokio_rdma::buf::RemoteAccess;
     let listener = Listener::bind(addr(7009)).await.expect("bind");
@@ -620,16 +621,28 @@ async fn ready_operations_spend_the_tasks_cooperative_budget() {
     let second = within(60, "second", recv).await.expect("recv");
     assert_eq!(&second.expect("a message")[..], b"queued");
 
-    // The same for a one-sided read on a spent budget.
+    // A one-sided read: its first poll posts it whatever the budget; once its completion is
+    // there, a poll on a spent budget returns Pending, and the next (after the yield) hands
+    // the result out.
     let buf = client.pool().unwrap().acquire(4096).await.unwrap();
-    exhaust().await;
     let read = client.read(buf, token);
     tokio::pin!(read);
+    exhaust().await;
     assert!(
         futures::poll!(read.as_mut()).is_pending(),
-        "not even posted"
+        "posted (complete or not, nothing is handed out on a spent budget)"
     );
-    let (res, buf) = within(60, "read", read).await;
+    // Had the first poll not posted, the read would not be complete after this.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    exhaust().await;
+    assert!(
+        futures::poll!(read.as_mut()).is_pending(),
+        "a complete read is not handed out on a spent budget"
+    );
+    tokio::task::yield_now().await;
+    let Poll::Ready((res, buf)) = futures::poll!(read.as_mut()) else {
+        panic!("the read completed 300 ms ago: ready once the budget is fresh");
+    };
     res.expect("read");
     assert!(buf[..] == [5u8; 4096]);
     drop(grant);

@@ -155,7 +155,7 @@ async fn a_registration_cache_lease_sends_any_memory_without_copying() {
     // Long-lived memory outside every pool (leaked: never unmapped while cached).
     let arena: &'static mut [u8] = Box::leak(common::pattern(2 * BIG, 9).into_boxed_slice());
     let arena: &'static [u8] = arena;
-    let mrs_before = common::resource_counts().get("mr").copied().unwrap_or(0);
+    let mrs_before = common::mr_count();
     // SAFETY: `arena` is never unmapped or remapped.
     let cache = unsafe { client.registration_cache(tokio_rdma::buf::CacheConfig::default()) };
     let before = client.stats();
@@ -183,7 +183,7 @@ async fn a_registration_cache_lease_sends_any_memory_without_copying() {
     );
     let m = cache.metrics();
     assert!(m.hits >= 1 && m.misses >= 1, "{m:?}");
-    let mrs = common::resource_counts().get("mr").copied().unwrap_or(0);
+    let mrs = common::mr_count();
     assert!(
         mrs > mrs_before,
         "the arena is registered ({mrs_before} -> {mrs})"
@@ -254,10 +254,6 @@ impl Drop for Mapping {
     }
 }
 
-fn mrs() -> u64 {
-    common::resource_counts().get("mr").copied().unwrap_or(0)
-}
-
 /// Issue 22 §4: the safe "register once, send many times" of the application's own memory.
 /// On 61ac8ac the only zero-copy path for such memory was the address-keyed registration
 /// cache, whose registration outlived the `Bytes` that `send_bytes` dropped; memory mapped
@@ -271,7 +267,7 @@ async fn registered_bytes_own_their_memory_and_a_reused_address_sends_its_new_by
     common::init_tracing();
     let ep = Endpoint::open(&common::device_name()).expect("endpoint");
     let (client, server) = pair(&ep, 7446).await;
-    let mrs_before = mrs();
+    let mrs_before = common::mr_count();
     let first = common::pattern(BIG, 21);
     let map = Mapping::new(None, &first);
     let at = map.ptr as usize;
@@ -279,7 +275,7 @@ async fn registered_bytes_own_their_memory_and_a_reused_address_sends_its_new_by
     let reg = client
         .register_bytes(bytes.clone())
         .expect("register_bytes");
-    assert_eq!(mrs(), mrs_before + 1, "one registration");
+    assert_eq!(common::mr_count(), mrs_before + 1, "one registration");
 
     // Through the caller's own `Bytes` and through the registration's: no copy.
     let before = client.stats();
@@ -310,11 +306,11 @@ async fn registered_bytes_own_their_memory_and_a_reused_address_sends_its_new_by
     // Everything dropped: deregistered, then unmapped; other memory at the same address.
     drop(bytes);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while mrs() > mrs_before && std::time::Instant::now() < deadline {
+    while common::mr_count() > mrs_before && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        mrs(),
+        common::mr_count(),
         mrs_before,
         "the registration went with the last handle"
     );

@@ -18,10 +18,6 @@ fn addr(port: u16) -> SocketAddr {
 
 const LEN: usize = 64 << 10;
 
-fn mrs() -> u64 {
-    common::resource_counts().get("mr").copied().unwrap_or(0)
-}
-
 /// Reads 4 KiB at `offset` of `token` on `conn`.
 async fn read(conn: &Connection, token: &RemoteToken, offset: u64) -> tokio_rdma::Result<Vec<u8>> {
     let buf = conn.pool()?.acquire(4096).await?;
@@ -52,7 +48,7 @@ async fn one_region_granted_on_three_connections_each_revocable_and_isolated() {
     let region = SharedRegion::new(LEN);
     let first = common::pattern(LEN, 41);
     region.write_at(0, &first);
-    let mrs_before = mrs();
+    let mrs_before = common::mr_count();
     let mut grants: Vec<_> = pairs
         .iter()
         .map(|(_, s)| {
@@ -61,7 +57,11 @@ async fn one_region_granted_on_three_connections_each_revocable_and_isolated() {
         })
         .collect();
     assert_eq!(region.grants(), 3);
-    assert_eq!(mrs(), mrs_before + 3, "one registration per connection");
+    assert_eq!(
+        common::mr_count(),
+        mrs_before + 3,
+        "one registration per connection"
+    );
     let tokens: Vec<RemoteToken> = grants.iter().map(|g| g.token()).collect();
     assert!(
         tokens.iter().all(|t| t.addr() == tokens[0].addr()),
@@ -117,6 +117,10 @@ async fn one_region_granted_on_three_connections_each_revocable_and_isolated() {
 
     drop(grants);
     assert_eq!(region.grants(), 0);
-    assert_eq!(mrs(), mrs_before, "every grant's registration is gone");
+    assert_eq!(
+        common::mr_count(),
+        mrs_before,
+        "every grant's registration is gone"
+    );
     drop(pairs);
 }
