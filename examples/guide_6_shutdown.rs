@@ -49,7 +49,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         }
         // `Ok(None)`: the client's end of stream, after all it sent. This side can still send.
         conn.send(format!("got {got}").as_bytes()).await?;
-        conn.close().await?; // end of stream, disconnect, wait until everything is released
+        conn.close().await?; // end of stream; Ok once it is delivered (teardown in the background)
 
         // A second connection, dropped without a word: it closes in the background.
         let conn = listener.accept().await?;

@@ -565,7 +565,9 @@ async fn run(args: Args) -> Result<(), String> {
         args.close_concurrency,
     )
     .await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // close() returns once its outcome is known; the queue pairs' teardown may still run.
+    let closed_at = Instant::now();
+    let deadline = closed_at + Duration::from_secs(60);
     let res2 = loop {
         let r = resource_counts(&dev)?;
         let same = ["qp", "cq", "mr", "pd", "cm_id"]
@@ -576,14 +578,16 @@ async fn run(args: Args) -> Result<(), String> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    let settled = closed_at.elapsed().as_secs_f64();
     let (rss2, fds2) = (rss_bytes(), fd_count());
     rep.line(format!(
-        "teardown ({:?} close, {} at once): {} connection ends closed in {:.2} s; rss {:.1} MiB, fds {fds2}, resources {res2:?}",
+        "teardown ({:?} close, {} at once): {} connection ends closed in {:.2} s, resources settled {:.2} s after the last close; rss {:.1} MiB, fds {fds2}, resources {res2:?}",
         args.close_pattern,
         args.close_concurrency
             .map_or_else(|| "all".to_string(), |k| k.to_string()),
         2 * n,
         closed.secs,
+        settled,
         mib(rss2)
     ));
     rep.line(closed.distribution_line());

@@ -49,8 +49,9 @@ use crate::verbs::ProtectionDomain;
 ///   [`EndpointOptions::shared_receive_queue`](crate::EndpointOptions::shared_receive_queue).)
 /// * A byte stream: [`into_stream`](Self::into_stream) gives an `AsyncRead + AsyncWrite`.
 /// * [`close`](Self::close) ends the stream cleanly (the peer's `recv` returns `Ok(None)`) and
-///   drains; dropping the connection does the same in the background. A failure is never
-///   reported as a clean close.
+///   resolves once that is delivered; the disconnect and the drain follow in the background.
+///   Dropping the connection does the same without waiting. A failure is never reported as a
+///   clean close.
 ///
 /// # Examples
 ///
@@ -626,12 +627,19 @@ impl Connection {
         self.wait_close().await
     }
 
-    /// Closes the connection: end of stream after the messages already being sent,
-    /// disconnect, and wait until every outstanding operation has resolved.
+    /// Closes the connection: end of stream after the messages already being sent; resolves
+    /// once the outcome is known. The disconnect and the teardown (the queue pair moved to the
+    /// error state, every outstanding operation resolved exactly once, buffers back to their
+    /// pools, the queue pair destroyed) follow in the connection's task, as for a drop.
     ///
-    /// If the peer's end of stream arrived first, the disconnect waits until the peer knows
-    /// that its own end of stream arrived (one more control message; docs/connections.md,
-    /// "Close and failure"), so that a clean close returns `Ok` on both sides.
+    /// `Ok` comes as soon as this side's end of stream is delivered (acknowledged by the
+    /// peer's device, or confirmed by the peer): it does not wait for the disconnect's round
+    /// trip through RDMA CM nor for the flushes. In the background the connection then
+    /// confirms the peer's end of stream, or waits for it if it has not arrived (a full close:
+    /// at most the keepalive timeout, as TCP's `FIN_WAIT_2`), and disconnects once both ends
+    /// know (docs/connections.md, "Close and failure"), so that a clean close returns `Ok` on
+    /// both sides. A failure is reported once every data send is accounted for (completed,
+    /// or flushed by the teardown).
     ///
     /// # Errors
     ///
@@ -644,22 +652,37 @@ impl Connection {
     ///
     /// Cancel safe: the close goes on in the background if the future is dropped.
     pub async fn close(&self) -> Result<()> {
+        let t0 = Instant::now();
         self.shared.io.with(|s| s.proto.close_full());
         let res = self.wait_close().await;
-        // The driver task disconnects and drains: wait until everything is flushed and every
-        // buffer is back (bounded by its drain limit).
-        let _ = self.shared.qp.close().instrument(self.span.clone()).await;
-        let io = &self.shared.io;
-        crate::driver::wait_until(&io.done, || io.torn_down.load(Ordering::Acquire)).await;
         if res.is_ok() {
+            debug!(
+                parent: &self.span,
+                qpn = self.shared.qp.qpn(),
+                took = ?t0.elapsed(),
+                "close(): end of stream delivered (the teardown goes on in the background)"
+            );
             return res;
         }
-        // Every send is accounted for now (completed, flushed, or given up): what reached the
-        // peer is known.
-        io.with(|s| {
+        // Failed before our end of stream was known delivered. What reached the peer is known
+        // once every data send is accounted for (completed, flushed, or given up): at once if
+        // none is outstanding, else after the teardown's drain (bounded by its limits).
+        let io = &self.shared.io;
+        if io.with(|s| super::io::ConnIo::data_sends_outstanding(s)) {
+            crate::driver::wait_until(&io.done, || io.torn_down.load(Ordering::Acquire)).await;
+        }
+        let out = io.with(|s| {
             let unaccounted = super::io::ConnIo::data_sends_outstanding(s);
             s.proto.close_outcome(unaccounted)
-        })
+        });
+        debug!(
+            parent: &self.span,
+            qpn = self.shared.qp.qpn(),
+            took = ?t0.elapsed(),
+            ok = out.is_ok(),
+            "close(): the connection failed first; outcome once every data send is accounted for"
+        );
+        out
     }
 }
 

@@ -32,9 +32,10 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
         let (deadline, disconnect, short) = io.with(|s| {
             let deadline = s.proto.poll_timeout();
             s.driver_deadline = deadline;
-            (deadline, s.proto.should_disconnect(), s.short)
+            (deadline, s.proto.disconnect_reason(), s.short)
         });
-        if disconnect {
+        if let Some(reason) = disconnect {
+            debug!(qpn = shared.qp.qpn(), reason, "disconnect due");
             break;
         }
         if short && refill.is_none() {
@@ -65,7 +66,7 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
                         // Messages that arrived before the disconnect are still in the
                         // completion queue: fail the queue pair with the cause and let its
                         // receives complete in order (successful ones first, then flushes).
-                        debug!("peer disconnected");
+                        debug!(qpn = shared.qp.qpn(), "peer disconnected (RDMA CM)");
                         io.with(|s| s.in_error = true);
                         shared.qp.force_error(QpFailure::Disconnected);
                         // What is already in the completion queue arrived before the
@@ -100,6 +101,17 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
         }
     }
     teardown(&shared, &id, &events).await;
+    // `rdma_destroy_id` waits in the kernel for the id's CM work (under load on soft-RoCE:
+    // up to seconds). On a runtime worker it would hold up every task woken onto that
+    // worker (a `close()` the teardown just resolved among them: tokio does not steal a
+    // worker's next task), so it runs on the blocking pool (the id before its channel).
+    let qpn = shared.qp.qpn();
+    crate::driver::off_runtime(move || {
+        let t = std::time::Instant::now();
+        drop(id);
+        drop(events);
+        debug!(qpn, took = ?t.elapsed(), "RDMA CM id destroyed");
+    });
 }
 
 /// Disconnects, moves the queue pair to the error state, and waits (bounded) until every
@@ -112,7 +124,7 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
         s.in_error = true;
         s.proto.failure().cloned()
     });
-    debug!(?cause, "connection torn down");
+    debug!(qpn = shared.qp.qpn(), ?cause, "connection torn down");
     if let Err(e) = id.disconnect() {
         trace!(error = %e, "rdma_disconnect");
     }
@@ -151,6 +163,12 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
         }
     }
     .await;
+    debug!(
+        qpn = shared.qp.qpn(),
+        drained,
+        waited = ?started.elapsed(),
+        "teardown: drain over"
+    );
     if !drained {
         let (recvs, sends) = io.abandon_unflushed();
         warn!(

@@ -58,7 +58,9 @@ pub struct ConnectOptions {
     /// from the peer (no receive arrived, nothing completed). With `keepalive`, a peer that
     /// dies silently (no disconnect arrives) is detected within `keepalive + keepalive_timeout`;
     /// the transport's own retries (`ack_timeout`, `retry_count`) may detect it sooner. A slow
-    /// but live peer is not declared dead.
+    /// but live peer is not declared dead. It also bounds how long a closed connection waits
+    /// in the background for the peer's end of stream and the confirmations before it
+    /// disconnects (docs/connections.md, "Close and failure").
     pub keepalive_timeout: Duration,
     /// After [`close`](super::Connection::close), [`shutdown`](super::Connection::shutdown)
     /// or dropping the connection: how long what must go out before end of stream may take

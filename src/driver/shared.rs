@@ -152,7 +152,7 @@ pub(crate) struct Shared {
     pub(crate) closing: AtomicBool,
     pub(crate) counters: Counters,
     /// Sum of the depths of the registered queue pairs (bounded by the CQ size).
-    pub(crate) cq_budget: Mutex<u64>,
+    pub(crate) cq_budget: Arc<Mutex<u64>>,
     /// Signalled when the device reports the shared receive queue's limit reached.
     pub(crate) srq_limit: Arc<Notify>,
 }
@@ -247,7 +247,7 @@ impl Shared {
             stopped: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             counters: Counters::default(),
-            cq_budget: Mutex::new(0),
+            cq_budget: Arc::new(Mutex::new(0)),
             srq_limit: Arc::new(Notify::new()),
         }
     }
@@ -409,15 +409,27 @@ impl Shared {
 
     /// Returns the CQ entries of reaped queue pairs and destroys them (drops the last QP
     /// handles). Call without the lock.
+    ///
+    /// `ibv_destroy_qp` may wait in the kernel (soft-RoCE under load: up to seconds), so the
+    /// handles are dropped on the blocking pool ([`off_runtime`](super::off_runtime)): the
+    /// completion task, which wakes futures onto its worker, never stalls on it. The CQ
+    /// entries are given back only once the queue pair is destroyed.
     pub(crate) fn release(&self, reaped: &mut Vec<QpEntry>) {
         if reaped.is_empty() {
             return;
         }
-        let mut budget = self.cq_budget.lock().unwrap_or_else(|e| e.into_inner());
-        for e in reaped.drain(..) {
-            *budget = budget.saturating_sub(e.cq_need);
-            debug!(qpn = e.qp.qpn(), "queue pair drained and destroyed");
-        }
+        let entries: Vec<QpEntry> = std::mem::take(reaped);
+        let budget = self.cq_budget.clone();
+        super::off_runtime(move || {
+            for e in entries {
+                let (qpn, need) = (e.qp.qpn(), e.cq_need);
+                let t = std::time::Instant::now();
+                drop(e);
+                let mut budget = budget.lock().unwrap_or_else(|e| e.into_inner());
+                *budget = budget.saturating_sub(need);
+                debug!(qpn, took = ?t.elapsed(), "queue pair drained and destroyed");
+            }
+        });
     }
 
     /// Whether anything may still complete: operations in the table, or queue pairs whose

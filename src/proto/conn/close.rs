@@ -17,6 +17,14 @@
 //! disconnects when the first one's confirmation arrives; the first when its confirmation is
 //! acknowledged, or on the disconnect. The wait is bounded by the keepalive timeout.
 //!
+//! A full close (`close()` or a drop) before the peer's `Close` arrived does not disconnect as
+//! soon as its own `Close` is delivered either: it waits (in the background: `close()` has
+//! returned) for the peer's `Close`, then confirms it as above, bounded by the keepalive
+//! timeout, as TCP's `FIN_WAIT_2` waits for the peer's `FIN`. Disconnecting at once left the
+//! peer's `Close` to meet a queue pair already gone: the peer's `close` then ended only with
+//! the disconnect's arrival through RDMA CM or its own retries running out (seconds under
+//! load; issue 25).
+//!
 //! What `close` reports ([`ConnProto::close_outcome`]): `Ok` when this side's end of stream
 //! was delivered (so was every message before it: the connection is in order), or when the
 //! peer's end of stream arrived and nothing this side sent can be missing (no data send
@@ -48,7 +56,8 @@ pub(super) struct Eos {
     /// Messages were still to go out at the failure (or rendezvous messages the peer had not
     /// read): they never reach the peer.
     queued_at_failure: bool,
-    /// Since when the disconnect waits for the confirmation of the peer's `Close`.
+    /// Since when the disconnect waits for the confirmation of the peer's `Close` (or, after
+    /// a full close, for the peer's `Close` itself).
     linger_since: Option<Instant>,
     /// That wait reached the keepalive timeout: disconnect without it.
     linger_over: bool,
@@ -63,9 +72,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         }
     }
 
-    /// Closes fully: end of stream after the queued messages, then disconnect without
-    /// waiting for the peer's end of stream (if it arrived first, after confirming it, see
-    /// the module docs).
+    /// Closes fully: end of stream after the queued messages, then disconnect once the
+    /// peer's end of stream arrived and both were confirmed, or the keepalive timeout after
+    /// ours was delivered (see the module docs).
     pub fn close_full(&mut self) {
         self.full_close = true;
         self.close();
@@ -74,9 +83,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
 
     /// Whether the shell should disconnect now and drain: the connection failed (after any
     /// error report went out); or this side's end of stream was delivered and either the
-    /// peer's arrived, the peer confirmed ours and our confirmation of its was delivered (or
-    /// that took the keepalive timeout), or this is a full close and the peer's has not
-    /// arrived.
+    /// peer's arrived, the peer confirmed ours and our confirmation of its was delivered, or
+    /// that wait (for a full close: also the wait for the peer's end of stream) took the
+    /// keepalive timeout.
     pub fn should_disconnect(&self) -> bool {
         if self.failure.is_some() {
             return !self.error_report_pending();
@@ -87,8 +96,25 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         if self.rx.peer_closed {
             self.eos_settled() || self.eos.linger_over
         } else {
-            self.full_close
+            self.full_close && self.eos.linger_over
         }
+    }
+
+    /// Why [`should_disconnect`](Self::should_disconnect) holds (for the teardown's log);
+    /// `None` while it does not.
+    pub fn disconnect_reason(&self) -> Option<&'static str> {
+        if !self.should_disconnect() {
+            return None;
+        }
+        Some(if self.failure.is_some() {
+            "failed"
+        } else if !self.rx.peer_closed {
+            "full close: the peer's end of stream did not come (keepalive timeout)"
+        } else if self.eos_settled() {
+            "both ends of stream confirmed"
+        } else {
+            "confirmation wait over (keepalive timeout)"
+        })
     }
 
     /// Whether our control message number `seq` (1-based) is known delivered: its send
@@ -223,12 +249,17 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
 
     /// Starts the close timeout if end of stream waits for something (messages still to go
     /// out, rendezvous messages still to be read), and the linger if the disconnect waits for
-    /// the confirmation of the peer's `Close`.
+    /// the confirmation of the peer's `Close`, or (a full close) for the peer's `Close`.
     pub(super) fn note_close_wait(&mut self, now: Instant) {
         if self.local_closed && !self.close_sent && self.failure.is_none() && !self.all_sent() {
             self.close_waiting_since.get_or_insert(now);
         }
-        if self.failure.is_none() && self.close_done && self.rx.peer_closed && !self.eos_settled() {
+        let waits = if self.rx.peer_closed {
+            !self.eos_settled()
+        } else {
+            self.full_close
+        };
+        if self.failure.is_none() && self.close_done && waits {
             self.eos.linger_since.get_or_insert(now);
         }
     }
@@ -241,7 +272,8 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             .map(|t| t + self.cfg.close_timeout)
     }
 
-    /// When the disconnect stops waiting for the confirmation of the peer's `Close`.
+    /// When the disconnect stops waiting for the peer's `Close` (a full close) or for the
+    /// confirmations: the keepalive timeout after the wait began, whatever it waits for.
     pub(super) fn linger_deadline(&self) -> Option<Instant> {
         self.eos
             .linger_since

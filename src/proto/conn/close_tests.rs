@@ -112,13 +112,19 @@ fn retry_exceeded() -> QpFailure {
 
 impl Sim {
     fn new(seed: u64, pattern: Pattern) -> Sim {
+        Sim::with(seed, pattern, |_| {})
+    }
+
+    /// As [`new`](Self::new), with the configuration adjusted by `tune`.
+    fn with(seed: u64, pattern: Pattern, tune: impl FnOnce(&mut ConnConfig)) -> Sim {
         let now = Instant::now();
         let mut rng = Rng(seed | 1);
-        let cfg = ConnConfig {
+        let mut cfg = ConnConfig {
             // Keepalives put credit messages of their own among the close's.
             keepalive: Some(Duration::from_millis(30)),
             ..config(2 + rng.below(4) as u32, 64)
         };
+        tune(&mut cfg);
         let mut end = |_| {
             let mut p = ConnProto::new(cfg, now);
             let n = p.recvs_to_post();
@@ -517,6 +523,155 @@ fn a_lost_acknowledgement_after_both_ends_of_stream_is_no_loss() {
     }
     sim.disconnected(0);
     assert!(sim.ends[0].torn_down);
+    for e in &sim.ends {
+        assert!(e.proto.close_outcome(!e.sq.is_empty()).is_ok());
+    }
+}
+
+/// Runs a whole exchange and close of `pattern` until both sides tore down.
+fn run_to_teardown(seed: u64, pattern: Pattern) -> Sim {
+    let mut sim = Sim::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0xf1a5, pattern);
+    let mut steps = 0;
+    while !(sim.ends[0].torn_down && sim.ends[1].torn_down) {
+        sim.step();
+        steps += 1;
+        assert!(
+            steps < 200_000,
+            "no teardown (seed {seed}): {}",
+            sim.describe()
+        );
+    }
+    sim
+}
+
+#[test]
+fn both_ends_of_stream_are_delivered_in_every_close_pattern() {
+    // Issue 25: a full close disconnected as soon as its own `Close` was delivered, so the
+    // peer's `Close` met a queue pair already gone and the peer's `close` ended only with the
+    // disconnect or its retries (seconds under load). Now a full close waits for the peer's
+    // `Close` (bounded by the keepalive timeout, an hour here): in every pattern each side's
+    // `Close` is delivered (acknowledged or confirmed), however many transport
+    // acknowledgements are lost, and `close()` (which resolves on that) never waits for a
+    // failure. On the rule before, most `Full` runs fail here.
+    let patterns = [
+        Pattern::Half,
+        Pattern::Full,
+        Pattern::Crossed,
+        Pattern::BothHalf,
+    ];
+    for seed in 0..1200u64 {
+        let pattern = patterns[(seed % 4) as usize];
+        let mut sim = run_to_teardown(seed, pattern);
+        sim.app(0);
+        sim.app(1);
+        for (i, e) in sim.ends.iter().enumerate() {
+            assert_eq!(e.delivered, sim.ends[1 - i].committed, "seed {seed}");
+            assert!(
+                e.proto.close_done,
+                "seed {seed}: side {i}'s Close was never delivered: {}",
+                sim.describe()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_full_close_waits_for_the_peers_end_of_stream_at_most_the_keepalive_timeout() {
+    let limit = Duration::from_secs(5);
+    let mut sim = Sim::with(11, Pattern::Full, |c| {
+        c.keepalive = None;
+        c.keepalive_timeout = limit;
+    });
+    sim.lose_acks = 0;
+    sim.ends[0].to_send = 0;
+    sim.ends[1].to_send = 0;
+    // Side 0 closes fully at once; side 1's application never closes (its driver runs).
+    sim.app(0);
+    assert!(sim.ends[0].closed);
+    sim.drive(0);
+    for _ in 0..50 {
+        sim.deliver(0);
+        sim.ack(0);
+        sim.drive(1);
+        sim.deliver(1);
+        sim.ack(1);
+        sim.drive(0);
+    }
+    let t0 = sim.now;
+    let e = &mut sim.ends[0];
+    assert!(e.proto.close_done, "side 0's Close delivered");
+    assert!(
+        matches!(e.proto.poll_close(&mut Sim::cx()), Poll::Ready(Ok(()))),
+        "close() resolves on the delivery"
+    );
+    assert!(
+        !e.torn_down && !e.proto.should_disconnect(),
+        "the disconnect waits for the peer's Close"
+    );
+    assert!(sim.ends[1].proto.peer_closed());
+    sim.now = t0 + limit - Duration::from_millis(1);
+    sim.ends[0].proto.handle_timeout(sim.now);
+    sim.drive(0);
+    assert!(!sim.ends[0].torn_down, "still within the keepalive timeout");
+    sim.now = t0 + limit;
+    sim.ends[0].proto.handle_timeout(sim.now);
+    assert_eq!(
+        sim.ends[0].proto.disconnect_reason(),
+        Some("full close: the peer's end of stream did not come (keepalive timeout)")
+    );
+    sim.drive(0);
+    assert!(
+        sim.ends[0].torn_down,
+        "disconnects after the keepalive timeout"
+    );
+    assert!(sim.ends[0].proto.close_outcome(false).is_ok());
+    // The peer learns of it by the disconnect, after the end of stream it already read.
+    sim.disconnected(1);
+    assert!(sim.ends[1].proto.failure().is_some());
+}
+
+#[test]
+fn a_full_close_disconnects_once_the_peers_late_end_of_stream_is_confirmed() {
+    let mut sim = Sim::with(13, Pattern::Full, |c| {
+        c.keepalive = None;
+        c.keepalive_timeout = Duration::from_secs(5);
+    });
+    sim.lose_acks = 0;
+    sim.ends[0].to_send = 0;
+    sim.ends[1].to_send = 0;
+    sim.app(0);
+    sim.drive(0);
+    for _ in 0..50 {
+        sim.deliver(0);
+        sim.ack(0);
+        sim.drive(1);
+        sim.deliver(1);
+        sim.ack(1);
+        sim.drive(0);
+    }
+    assert!(sim.ends[0].proto.close_done && !sim.ends[0].torn_down);
+    // Side 1 closes 4 s later (within the limit): its Close reaches a live queue pair.
+    sim.now += Duration::from_secs(4);
+    sim.ends[0].proto.handle_timeout(sim.now);
+    sim.drive(0);
+    sim.app(1);
+    assert!(sim.ends[1].closed);
+    for _ in 0..50 {
+        for i in 0..2 {
+            sim.drive(i);
+            sim.deliver(i);
+            sim.ack(i);
+        }
+        if sim.ends[0].torn_down {
+            break;
+        }
+    }
+    assert!(sim.ends[1].proto.close_done, "side 1's Close delivered");
+    assert!(
+        sim.ends[0].torn_down,
+        "side 0 disconnected once both were confirmed"
+    );
+    sim.disconnected(1);
     for e in &sim.ends {
         assert!(e.proto.close_outcome(!e.sq.is_empty()).is_ok());
     }

@@ -310,7 +310,15 @@ fn random_acknowledgement_times_end_the_close_cleanly_or_at_the_deadline() {
             None => {
                 assert!(closed_cleanly, "seed {seed}: neither closed nor failed");
                 assert!(acks == n, "seed {seed}: closed with unread messages");
-                assert!(p.should_disconnect());
+                assert!(matches!(p.poll_close(&mut cx()), Poll::Ready(Ok(()))));
+                // A full close then waits for the peer's end of stream, at most the keepalive
+                // timeout (close.rs), before it disconnects.
+                assert!(!p.should_disconnect(), "seed {seed}");
+                let _ = p.poll_transmit(now);
+                let at = p.poll_timeout().expect("the wait has a deadline");
+                assert_eq!(at, now + p.cfg.keepalive_timeout, "seed {seed}");
+                p.handle_timeout(at);
+                assert!(p.should_disconnect(), "seed {seed}");
             }
             Some(f) => {
                 assert_eq!(f, &QpFailure::CloseTimeout(limit), "seed {seed}");
