@@ -167,8 +167,17 @@ async fn dropped_futures_neither_lose_nor_leak() {
     {
         let send = client.send_bytes(pattern.clone());
         tokio::pin!(send);
-        // One poll posts the descriptor (credits are free); then the future is dropped.
-        assert!(futures::poll!(send.as_mut()).is_pending());
+        // Polled until the descriptor is out (the registration runs off the runtime first;
+        // credits are free); then the future is dropped.
+        let sends = client.stats().protocol.sends;
+        for _ in 0..10_000 {
+            assert!(futures::poll!(send.as_mut()).is_pending(), "not read yet");
+            if client.stats().protocol.sends > sends {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(client.stats().protocol.sends > sends, "descriptor out");
     }
     let got = within(120, "message of a dropped send", server.recv())
         .await
@@ -190,7 +199,8 @@ async fn dropped_futures_neither_lose_nor_leak() {
             if server.stats().recv_bytes_fetched > 0 || server.stats().protocol.receives > 1 {
                 break;
             }
-            tokio::task::yield_now().await;
+            // Not a bare yield: the send's registration runs off the runtime meanwhile.
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     };
     let (sent, ()) = within(120, "dropped recv_into", async {

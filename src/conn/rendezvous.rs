@@ -477,7 +477,9 @@ impl Connection {
                     // The capacity may be uninitialised: only its address range is looked up.
                     let lkey = io.lkey_of(ptr as usize, cap, self.user_pool.get());
                     let dest = Box::new(UserDest(b));
-                    match Fetch::open(&self.shared.pd, m, (ptr as usize, lkey), dest, owner).await {
+                    // Registered inline: dropped at any await, this call must leave either nothing
+                    // started or a read under way (tests/conn_rendezvous.rs relies on it).
+                    match Fetch::new(&self.shared.pd, m, (ptr, lkey), dest, owner) {
                         Err((e, dest)) => return (Err(e), take_user(dest)),
                         Ok(f) => match self.start_fetch(f) {
                             Some(back) => buf = Some(take_user(back.into_dest())),
