@@ -2,8 +2,9 @@
 //! straight into its destination. Checked: the bytes (16 MiB, and message order around
 //! eager messages), zero payload copies on both sides (counted), `recv_into` into the
 //! caller's buffer (a plain `Vec` and a buffer of the connection's pool) and its "too small"
-//! refusal that leaves the message queued, a send dropped after its descriptor went out (the
-//! message still arrives whole and its memory is released), a `recv_into` dropped while the
+//! refusal that leaves the message queued, a send dropped while its registration runs off
+//! the runtime (never sent, its registration released), a send dropped after its descriptor
+//! went out (the message still arrives whole and its memory is released), a `recv_into` dropped while the
 //! device writes into its buffer (the next receive gets the message), end of stream after a
 //! rendezvous message, a peer without rendezvous (chunked instead), and that every
 //! registration is gone afterwards (`rdma resource`).
@@ -160,6 +161,35 @@ async fn dropped_futures_neither_lose_nor_leak() {
     let ep = Endpoint::open(&common::device_name()).expect("endpoint");
     let (client, server) = pair(&ep, 7432, opts()).await;
     let mrs_before = mrs();
+
+    // A send dropped after one poll: its registration of 16 MiB runs off the runtime, so
+    // usually the descriptor is not out yet and the message is never sent; if the
+    // registration already finished within that poll, the descriptor went out and the
+    // message must arrive whole. Either way the next message sent follows it in order, and
+    // nothing is lost or duplicated (checked by content below).
+    let first = bytes::Bytes::from(common::pattern(BIG, 4));
+    let sends = client.stats().protocol.sends;
+    {
+        let send = client.send_bytes(first.clone());
+        tokio::pin!(send);
+        assert!(futures::poll!(send.as_mut()).is_pending(), "not read yet");
+    }
+    let first_went_out = client.stats().protocol.sends > sends;
+    println!("send dropped after one poll: descriptor out {first_went_out}");
+    // The registration (moved to the blocking pool) is dropped there, not leaked.
+    let release = async {
+        while mrs() > mrs_before && !first_went_out {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    within(60, "the dropped send's registration released", release).await;
+    if first_went_out {
+        let got = within(120, "first message", server.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got[..] == first[..], "a descriptor out is delivered whole");
+    }
 
     // A send dropped once its descriptor is out: the message still arrives whole, and the
     // memory is released when the peer read it.
