@@ -257,3 +257,7 @@ impl fmt::Debug for AsyncQp {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+#[path = "qp_tests.rs"]
+mod tests;

@@ -23,7 +23,7 @@ use super::spinners::Spinners;
 use super::wait::Latency;
 use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
-use crate::verbs::{CompletionQueue, QueuePair, WcBatch};
+use crate::verbs::{CompletionQueue, QueuePair, SendOp, SendWr, WcBatch};
 
 /// What a dropped operation parks in the table: its buffers, until the device is done.
 pub(crate) type Payload = Box<dyn Any + Send>;
@@ -144,10 +144,12 @@ pub(crate) struct Shared {
     pub(crate) srq_limit: Arc<Notify>,
 }
 
-/// What must happen once the driver's lock is released: wakers to wake, buffers to drop, and
-/// sinks whose owners have memory to release ([`Sink::after_unlock`]). Nothing foreign (a
-/// waker's wake, a payload's or application buffer's drop) runs under the lock: a drop may
-/// release the last handle of a queue pair of this very driver, which takes the lock.
+/// What must happen once the driver's lock is released: queue pairs to move to the error
+/// state, wakers to wake, buffers to drop, and sinks whose owners have memory to release
+/// ([`Sink::after_unlock`]). Nothing foreign (a waker's wake, a payload's or application
+/// buffer's drop) runs under the lock: a drop may release the last handle of a queue pair of
+/// this very driver, which takes the lock. Nor does `ibv_modify_qp`: a system call that
+/// waits for the kernel's queue-pair lock, while every future of the CQ waits for ours.
 ///
 /// Holds up to 32 wakers without allocating; more spill to the heap.
 #[derive(Debug, Default)]
@@ -157,6 +159,24 @@ pub(crate) struct Deferred {
     wakers: SmallVec<[Waker; 32]>,
     released: Vec<Payload>,
     sinks: Vec<Arc<dyn Sink>>,
+    /// Failed queue pairs to move to ERR, each once, in the order they failed.
+    to_error: Vec<ToError>,
+}
+
+/// A failed queue pair to move to the error state after the lock is released, so the device
+/// flushes what is posted on it.
+///
+/// Ordering: the core recorded the failure under the lock first (new requests fail fast, and
+/// the queue pair's key stays registered while anything is posted: only the flushes, which
+/// come after this move, let it go), and the handle here keeps the queue pair itself alive
+/// until it has moved. A drain marker, if any, is posted right after the move, so it is
+/// flushed, never executed.
+#[derive(Debug)]
+struct ToError {
+    qp: QueuePair,
+    /// A zero-length signaled send whose flush retires the sends before it (see `post`); its
+    /// `wr_id` is already in the core's send ring.
+    marker: Option<u64>,
 }
 
 impl Deferred {
@@ -171,6 +191,24 @@ impl Deferred {
         }
     }
 
+    /// Moves `qp` to the error state once the lock is released (once, however often it is
+    /// asked), then posts the drain marker `marker` if given.
+    pub(crate) fn move_to_error(&mut self, qp: &QueuePair, marker: Option<u64>) {
+        match self.to_error.iter_mut().find(|t| t.qp.qpn() == qp.qpn()) {
+            Some(t) => t.marker = t.marker.or(marker),
+            None => self.to_error.push(ToError {
+                qp: qp.clone(),
+                marker,
+            }),
+        }
+    }
+
+    /// Queue pairs waiting to be moved to ERR.
+    #[cfg(test)]
+    pub(crate) fn pending_errors(&self) -> usize {
+        self.to_error.len()
+    }
+
     /// Moves what `out` collected (wakers, released payloads) in here.
     pub(crate) fn take_from(&mut self, out: &mut Completed<Payload>) {
         for w in out.wakers.drain(..) {
@@ -181,10 +219,16 @@ impl Deferred {
         }
     }
 
-    /// Wakes and drops. Call without the lock.
+    /// Moves queue pairs to ERR, wakes and drops. Call without the lock.
     pub(crate) fn run(&mut self) {
         // Each list is looked at only if it holds something: most runs have nothing to do,
         // and a drain's setup and drop cost instructions on every poll.
+        if !self.to_error.is_empty() {
+            // First, so the flushes are under way before anyone woken below waits for them.
+            for t in self.to_error.drain(..) {
+                t.run();
+            }
+        }
         if !self.wakers.is_empty() {
             for w in self.wakers.drain(..) {
                 w.wake();
@@ -197,6 +241,24 @@ impl Deferred {
             for s in self.sinks.drain(..) {
                 s.after_unlock();
             }
+        }
+    }
+}
+
+impl ToError {
+    fn run(self) {
+        if let Err(err) = self.qp.to_error() {
+            warn!(qpn = self.qp.qpn(), error = %err, "moving a failed queue pair to ERR");
+        }
+        let Some(wr_id) = self.marker else {
+            return;
+        };
+        let marker = [SendWr::new(wr_id, SendOp::Send, &[])];
+        // SAFETY: a zero-length send names no memory.
+        if let Err(e) = unsafe { self.qp.post_send(&marker) } {
+            // Releasing the buffers could let the device write freed memory: keep them
+            // parked (leaked) rather than risk it.
+            tracing::error!(error = %e, "posting the drain marker failed; the queue pair's earlier sends stay parked");
         }
     }
 }
@@ -317,11 +379,11 @@ impl Shared {
             // Keep the list's memory: `post` does not add to it.
             let mut postable = std::mem::take(&mut st.out.postable);
             for qp in postable.drain(..) {
-                post::post(st, self, qp);
+                post::post(st, self, qp, wake);
             }
             st.out.postable = postable;
         }
-        st.apply_failures();
+        st.apply_failures(wake);
         if st.out.unknown > 0 {
             warn!(
                 count = st.out.unknown,
@@ -426,24 +488,24 @@ impl Shared {
 }
 
 impl State {
-    /// Moves newly failed queue pairs to the error state (so the device flushes them).
-    pub(crate) fn apply_failures(&mut self) {
+    /// Has `wake` move newly failed queue pairs to the error state (so the device flushes
+    /// them) once the lock is released.
+    pub(crate) fn apply_failures(&mut self, wake: &mut Deferred) {
         let mut failed = std::mem::take(&mut self.out.failed);
         for qp in failed.drain(..) {
             if let Some(e) = self.entry(qp) {
-                if let Err(err) = e.qp.to_error() {
-                    warn!(qpn = e.qp.qpn(), error = %err, "moving a failed queue pair to ERR");
-                }
+                wake.move_to_error(&e.qp, None);
             }
         }
         // Keep the list's memory.
         self.out.failed = failed;
     }
 
-    /// Fails `qp` with `cause` and moves it to ERR; the wakers go to `wake`.
+    /// Fails `qp` with `cause`; `wake` moves it to ERR (after the lock is released) and
+    /// takes the wakers.
     pub(crate) fn fail(&mut self, qp: QpKey, cause: QpFailure, wake: &mut Deferred) {
         self.core.fail_qp(qp, cause, &mut self.out);
-        self.apply_failures();
+        self.apply_failures(wake);
         wake.take_from(&mut self.out);
     }
 
