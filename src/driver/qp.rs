@@ -85,6 +85,8 @@ impl AsyncQp {
                 closing: false,
                 cq_need,
                 sink: None,
+                last_wqe: false,
+                closing_since: None,
             });
             key
         };
@@ -236,6 +238,7 @@ impl Drop for AsyncQp {
             st.fail(self.key, QpFailure::Closed, &mut wake);
             if let Some(e) = st.entry_mut(self.key) {
                 e.closing = true;
+                e.closing_since = Some(std::time::Instant::now());
                 // The sink (a connection) owns this handle; break the cycle.
                 e.sink = None;
             }

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
+use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 use tokio::sync::Notify;
@@ -85,7 +86,18 @@ pub(crate) struct QpEntry {
     pub(crate) cq_need: u64,
     /// The owner of its sink-routed requests, if any.
     pub(crate) sink: Option<Arc<dyn Sink>>,
+    /// On a shared receive queue: `IBV_EVENT_QP_LAST_WQE_REACHED` arrived (it takes no more
+    /// receives from the queue, and none it took is still to complete).
+    pub(crate) last_wqe: bool,
+    /// When it started closing (the bound on waiting for the last-WQE event).
+    pub(crate) closing_since: Option<Instant>,
 }
+
+/// How long a closing queue pair on a shared receive queue waits for
+/// `IBV_EVENT_QP_LAST_WQE_REACHED` before it is destroyed anyway (a provider that never sends
+/// the event: soft-RoCE before Linux 6.5; or the event was read by another driver on the same
+/// device context). Counted in `DriverStats::last_wqe_timeouts`.
+pub(crate) const LAST_WQE_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
 pub(crate) struct State {
@@ -114,6 +126,8 @@ pub(crate) struct Counters {
     pub(crate) unknown: AtomicU64,
     pub(crate) polled_in_place: AtomicU64,
     pub(crate) arms: AtomicU64,
+    pub(crate) last_wqe_reached: AtomicU64,
+    pub(crate) last_wqe_timeouts: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -407,7 +421,12 @@ impl Shared {
                 let mut st = self.lock();
                 let n = self.poll_cq(&mut st, &mut wake);
                 if self.closing.load(Ordering::Acquire) {
-                    st.reap_closed(reaped);
+                    let timeouts = st.reap_closed(reaped, Instant::now());
+                    if timeouts > 0 {
+                        self.counters
+                            .last_wqe_timeouts
+                            .fetch_add(timeouts, Ordering::Relaxed);
+                    }
                     if !st.qps.iter().flatten().any(|e| e.closing) {
                         self.closing.store(false, Ordering::Release);
                     }
@@ -527,14 +546,35 @@ impl State {
     }
 
     /// Removes closing queue pairs with nothing left in flight (destroying the QP happens when
-    /// the returned handles are dropped, outside the lock).
-    pub(crate) fn reap_closed(&mut self, reaped: &mut Vec<QpEntry>) {
+    /// the returned handles are dropped, outside the lock). A queue pair on a shared receive
+    /// queue also waits for `IBV_EVENT_QP_LAST_WQE_REACHED`, up to [`LAST_WQE_WAIT`] after it
+    /// started closing: until then its number stays mapped to it, so a receive it took from
+    /// the queue completes to its key (the buffer goes back to the queue), and the number is
+    /// not given to a new queue pair that could take the old peer's bytes. Returns how many
+    /// were destroyed without the event (the bound passed).
+    pub(crate) fn reap_closed(&mut self, reaped: &mut Vec<QpEntry>, now: Instant) -> u64 {
+        let mut timeouts = 0;
         for i in 0..self.qps.len() {
-            let key = match &self.qps[i] {
-                Some(e) if e.closing => e.key,
+            let (key, waited_out) = match &self.qps[i] {
+                Some(e) if e.closing => {
+                    let waiting = e.qp.srq().is_some() && !e.last_wqe;
+                    let since = e.closing_since.unwrap_or(now);
+                    if waiting && now.duration_since(since) < LAST_WQE_WAIT {
+                        continue;
+                    }
+                    (e.key, waiting)
+                }
                 _ => continue,
             };
             if self.core.posted(key) == 0 && self.core.remove_qp(key) {
+                if waited_out {
+                    timeouts += 1;
+                    warn!(
+                        qpn = self.qps[i].as_ref().map(|e| e.qp.qpn()),
+                        "no IBV_EVENT_QP_LAST_WQE_REACHED within {LAST_WQE_WAIT:?} of closing a \
+                         queue pair on the shared receive queue: destroyed without it"
+                    );
+                }
                 if let Some(e) = self.qps[i].take() {
                     if self.by_qpn.get(&e.qp.qpn()) == Some(&e.key) {
                         self.by_qpn.remove(&e.qp.qpn());
@@ -543,5 +583,6 @@ impl State {
                 }
             }
         }
+        timeouts
     }
 }
