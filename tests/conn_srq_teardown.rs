@@ -3,7 +3,9 @@
 //! `IBV_EVENT_QP_LAST_WQE_REACHED` told that it takes no more receives from the queue, or,
 //! on a provider that never sends the event (soft-RoCE before Linux 6.5), after a bound of
 //! 2 s (`DriverStats::last_wqe_timeouts`). Run on the default 6.1 guest the fallback is
-//! checked; on `scripts/rxe-vm --kernel 6.19` the event.
+//! checked; on `scripts/rxe-vm --kernel 6.19` the event. With a second endpoint open on the
+//! device, every event still reaches the endpoint whose queue pairs it names (each endpoint
+//! has a device context of its own, so none reads another's events).
 #![allow(clippy::print_stdout)]
 
 mod common;
