@@ -436,7 +436,9 @@ async fn run(args: Args) -> Result<(), String> {
     teardown(t.clients, t.servers)
         .await
         .map_err(|e| format!("warm-up: {e}"))?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Queue pairs on a shared receive queue are destroyed after their last-WQE event, or 2 s
+    // after closing where the device sends none (rxe before Linux 6.5): let them go first.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
 
     let res0 = resource_counts(&dev)?;
     let hw0 = hw_counters(&dev);
