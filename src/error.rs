@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 
 use crate::verbs::QpState;
 
+mod debug;
 mod hint;
 mod io_kind;
 mod protocol;
@@ -44,7 +45,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///     other => { let _ = other; }
 /// }
 /// ```
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the same message as `Display` (with its hint), then the source's `Debug`
+/// (`... (source: Os { code: 19, .. })`): what `fn main() -> Result<(), tokio_rdma::Error>`
+/// shows when it fails.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// `ibv_get_device_list` failed: the kernel has no RDMA verbs support (`ENOSYS`), or no
@@ -499,7 +504,7 @@ pub enum Error {
     ///
     /// What to do: resolve the address first (wait for `ADDR_RESOLVED`); check the path to
     /// the peer goes over an RDMA link's netdev.
-    #[error("rdma_resolve_route failed{}", cause(Call::Other, .0))]
+    #[error("rdma_resolve_route failed{}", cause(Call::ResolveRoute, .0))]
     ResolveRoute(#[source] io::Error),
     /// `rdma_connect` failed.
     ///

@@ -1,6 +1,7 @@
-//! Host checks of the documentation (no device needed): the guide's code blocks are quoted
-//! verbatim from the examples it names, every guide example is smoke-run by `scripts/test`,
-//! and every relative link and `examples/...` path in README.md and docs/ exists.
+//! Host checks of the documentation (no device needed): the code blocks of the guide and of
+//! docs/ecosystem.md are quoted verbatim from the examples they name, every guide example and
+//! every scenario of examples/stack is smoke-run by `scripts/test`, and every relative link
+//! and `examples/...` path in README.md and docs/ exists.
 
 use std::path::{Path, PathBuf};
 
@@ -41,9 +42,11 @@ fn find_run(lines: &[&str], chunk: &[&str], from: usize) -> Option<usize> {
         .map(|i| i + chunk.len())
 }
 
-#[test]
-fn the_guide_quotes_the_examples_verbatim() {
-    let md = read(&root().join("docs/guide.md"));
+/// Checks that every ```rust block of `doc` (a path under the crate root) starts with
+/// `// examples/...rs` and quotes that file verbatim (excerpts separated by `// ...`, in
+/// order); returns the files quoted.
+fn check_quotes(doc: &str) -> std::collections::BTreeSet<String> {
+    let md = read(&root().join(doc));
     let mut quoted = std::collections::BTreeSet::new();
     for block in rust_blocks(&md) {
         let file = block[0]
@@ -51,7 +54,7 @@ fn the_guide_quotes_the_examples_verbatim() {
             .strip_prefix("// ")
             .filter(|f| f.starts_with("examples/") && f.ends_with(".rs"))
             .unwrap_or_else(|| {
-                panic!("a guide code block must start with `// examples/NAME.rs`: {block:?}")
+                panic!("a {doc} code block must start with `// examples/NAME.rs`: {block:?}")
             });
         let src = read(&root().join(file));
         let lines: Vec<&str> = src.lines().collect();
@@ -59,17 +62,41 @@ fn the_guide_quotes_the_examples_verbatim() {
         // `// ...` separates excerpts, which must appear in this order in the file.
         for chunk in block[1..].split(|l| l.trim() == "// ...") {
             at = find_run(&lines, chunk, at).unwrap_or_else(|| {
-                panic!("docs/guide.md quotes lines that {file} does not have (in this order): {chunk:#?}")
+                panic!("{doc} quotes lines that {file} does not have (in this order): {chunk:#?}")
             });
         }
         quoted.insert(file.to_string());
     }
+    quoted
+}
+
+#[test]
+fn the_guide_quotes_the_examples_verbatim() {
+    let quoted = check_quotes("docs/guide.md");
     for step in guide_examples() {
         assert!(
             quoted.contains(&format!("examples/{step}.rs")),
             "the guide quotes no code of {step}"
         );
     }
+}
+
+/// docs/ecosystem.md (hyper, tonic, tokio-util over `RdmaStream`) quotes examples/stack, which
+/// `scripts/test` runs on soft-RoCE: the glue it shows is the glue that is tested.
+#[test]
+fn the_ecosystem_page_quotes_the_stack_example_verbatim() {
+    let quoted = check_quotes("docs/ecosystem.md");
+    for file in ["net", "framed", "http", "grpc"] {
+        assert!(
+            quoted.contains(&format!("examples/stack/{file}.rs")),
+            "docs/ecosystem.md quotes no code of examples/stack/{file}.rs"
+        );
+    }
+    let script = read(&root().join("scripts/test"));
+    assert!(
+        script.contains("for s in framed http1 http2 grpc; do"),
+        "scripts/test does not run every scenario of examples/stack"
+    );
 }
 
 /// The guide's step examples, `guide_N_...`, by name.

@@ -248,9 +248,19 @@ pub enum Role {
     },
 }
 
+/// Which Tokio runtime the process runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuntimeKind {
+    /// `Builder::new_current_thread()`: everything on the main thread.
+    Current,
+    /// `Builder::new_multi_thread()`, what `#[tokio::main]` builds.
+    Multi,
+}
+
 #[derive(Debug)]
 pub struct Args {
     pub role: Role,
+    pub runtime: RuntimeKind,
     pub device: Option<String>,
     pub json: bool,
     pub svg: Option<String>,
@@ -321,6 +331,10 @@ struct Cli {
     /// Server: serve this many clients, then exit (0: forever)
     #[arg(long, value_name = "N", default_value_t = 1)]
     clients: usize,
+    /// Tokio runtime of this process: current (one thread, `new_current_thread`) or multi
+    /// (`#[tokio::main]`'s default: a worker per core)
+    #[arg(long, value_name = "R", default_value = "current")]
+    runtime: RuntimeKind,
     /// write_lat | send_lat | read_lat | write_bw | send_bw | read_bw | msg_lat | msg_rate
     #[arg(short = 't', long, value_name = "TEST", default_value = "write_lat",
           value_parser = parse_test, help_heading = "Client options")]
@@ -505,6 +519,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
     if let Some(Command::CpuOf { mark, cmd }) = cli.command {
         return Ok(Args {
             role: Role::CpuOf { mark, cmd },
+            runtime: RuntimeKind::Current,
             device: None,
             json: false,
             svg: None,
@@ -520,6 +535,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
                 title,
                 series,
             },
+            runtime: RuntimeKind::Current,
             device: None,
             json: false,
             svg: None,
@@ -600,6 +616,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
     };
     Ok(Args {
         role,
+        runtime: cli.runtime,
         device: cli.device,
         json: cli.json,
         svg: cli.svg,

@@ -37,10 +37,13 @@ use setup::{Ctrl, Res};
 
 fn main() {
     let args = args::parse();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = match args.runtime {
+        args::RuntimeKind::Current => tokio::runtime::Builder::new_current_thread(),
+        args::RuntimeKind::Multi => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build()
+    .expect("tokio runtime");
     if let Role::CpuOf { mark, cmd } = &args.role {
         std::process::exit(cpu_of(mark.as_deref(), cmd));
     }

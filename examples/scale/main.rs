@@ -1,11 +1,13 @@
 //! Many connections on one device (issue 14): connection setup rate, registered memory per
-//! connection, message rate with every connection active at once, RNR counters, and the
-//! device's resources back to the baseline after teardown.
+//! connection, message rate with every connection active at once, RNR counters, the
+//! distribution of `close()` durations over every connection end (issue 25), and the device's
+//! resources back to the baseline after teardown.
 //!
 //! ```text
 //! scale --connections 1000 --messages 100 --size 64 --credits 8 --buf-size 4096
 //! scale --smoke                 # 50 connections x 20 messages, a few seconds
 //! scale --connections 100 --json
+//! scale --connections 1000 --close-pattern full --close-concurrency 32
 //! ```
 //!
 //! Both ends run in this process: the listener on a **server endpoint**, every client on one
@@ -15,10 +17,13 @@
 //! is the limit of one endpoint with N connections (a shared endpoint carries 2N queue pairs).
 //!
 //! The run fails (exit status 1) if a connection cannot be set up, a message is lost,
-//! duplicated, reordered or corrupted, the device counted any RNR NAK, or the device's
-//! resources (`rdma resource show`: qp, cq, mr, pd, cm_id) do not return to the baseline.
+//! duplicated, reordered or corrupted, any `close()` returns an error (every close here is
+//! clean on both sides: all messages were verified and each side reads the other's end of
+//! stream), the device counted any RNR NAK, or the device's resources (`rdma resource show`:
+//! qp, cq, mr, pd, cm_id) do not return to the baseline.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod close;
 #[path = "../common/mod.rs"]
 mod common;
 mod sys;
@@ -29,6 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use close::{ClosePattern, close_all};
 use common::proc_stats::{fd_count, resource_counts, rss_bytes};
 use sys::{Report, hw_counters, raise_fd_limit};
 use tokio::sync::{Semaphore, watch};
@@ -41,8 +47,8 @@ use tokio_rdma::{Endpoint, EndpointOptions};
 #[derive(Debug, Parser)]
 #[command(
     after_help = "Listens on $TOKIO_RDMA_ADDR, else 192.0.2.1:7490 (rxe0 in the \
-soft-RoCE VM); --addr overrides it. Exit status 1 on any lost or corrupted message, RNR NAK, \
-setup failure or leaked device resource."
+soft-RoCE VM); --addr overrides it. Exit status 1 on any lost or corrupted message, close() error, \
+RNR NAK, setup failure or leaked device resource."
 )]
 struct Args {
     /// Connections (client and server side each have this many)
@@ -88,6 +94,14 @@ struct Args {
     /// 50 connections x 20 messages (the test suite's smoke run)
     #[arg(long)]
     smoke: bool,
+    /// How the two ends close: `half` (client: shutdown, read the server's end of stream,
+    /// close; server: read the client's end of stream, close) or `full` (client: close at
+    /// once; server: read the end of stream, close). Every close() must return Ok.
+    #[arg(long, value_enum, value_name = "PATTERN", default_value = "half")]
+    close_pattern: ClosePattern,
+    /// Connections closing at once [default: all]
+    #[arg(long, value_name = "K")]
+    close_concurrency: Option<usize>,
     /// Also print the results as one JSON object (last line)
     #[arg(long)]
     json: bool,
@@ -303,49 +317,6 @@ async fn traffic(
     })
 }
 
-/// Closes every connection both ways: a client half-closes, its server sees the end of stream
-/// and closes, the client sees the server's end of stream and closes. (A client that closed
-/// at once would tear its queue pair down while the server's `Close` is still on its way:
-/// under load the server's `close` then fails with a transport error, see docs/benchmarks.md.)
-///
-/// Returns the seconds it took and the `close` errors after both ends of stream were seen
-/// (nothing was lost then: every message had been verified); any other error fails.
-async fn teardown(
-    clients: Vec<Connection>,
-    servers: Vec<Connection>,
-) -> Result<(f64, Vec<String>), String> {
-    let start = Instant::now();
-    let mut set = JoinSet::new();
-    for c in clients {
-        set.spawn(async move {
-            c.shutdown()
-                .await
-                .map_err(|e| format!("client shutdown: {e}"))?;
-            match c.recv().await {
-                Ok(None) => {}
-                Ok(Some(_)) => return Err("client: a message after the last one".to_string()),
-                Err(e) => return Err(format!("client recv at close: {e}")),
-            }
-            Ok(c.close().await.err().map(|e| format!("client close: {e}")))
-        });
-    }
-    for s in servers {
-        set.spawn(async move {
-            match s.recv().await {
-                Ok(None) => {}
-                Ok(Some(_)) => return Err("server: a message after the last one".to_string()),
-                Err(e) => return Err(format!("server recv at close: {e}")),
-            }
-            Ok(s.close().await.err().map(|e| format!("server close: {e}")))
-        });
-    }
-    let mut close_errors = Vec::new();
-    while let Some(r) = set.join_next().await {
-        close_errors.extend(r.expect("close task")?);
-    }
-    Ok((start.elapsed().as_secs_f64(), close_errors))
-}
-
 /// Sum of the connections' registered pool bytes: (receive pool, staging pool).
 fn registered(conns: &[Connection]) -> (u64, u64) {
     conns.iter().fold((0, 0), |(r, s), c| {
@@ -433,9 +404,12 @@ async fn run(args: Args) -> Result<(), String> {
     let t = traffic(c, s, 1, args.size)
         .await
         .map_err(|e| format!("warm-up: {e}"))?;
-    teardown(t.clients, t.servers)
+    let warm = close_all(t.clients, t.servers, args.close_pattern, None)
         .await
         .map_err(|e| format!("warm-up: {e}"))?;
+    if warm.errors() > 0 {
+        return Err(format!("warm-up: {}", warm.results_line()));
+    }
     // Queue pairs on a shared receive queue are destroyed after their last-WQE event, or 2 s
     // after closing where the device sends none (rxe before Linux 6.5): let them go first.
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -586,7 +560,13 @@ async fn run(args: Args) -> Result<(), String> {
     }
 
     // ---- teardown --------------------------------------------------------------------
-    let (secs, close_errors) = teardown(t.clients, t.servers).await?;
+    let closed = close_all(
+        t.clients,
+        t.servers,
+        args.close_pattern,
+        args.close_concurrency,
+    )
+    .await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     let res2 = loop {
         let r = resource_counts(&dev)?;
@@ -600,24 +580,36 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let (rss2, fds2) = (rss_bytes(), fd_count());
     rep.line(format!(
-        "teardown: {} connections closed in {secs:.2} s; rss {:.1} MiB, fds {fds2}, resources {res2:?}",
+        "teardown ({:?} close, {} at once): {} connection ends closed in {:.2} s; rss {:.1} MiB, fds {fds2}, resources {res2:?}",
+        args.close_pattern,
+        args.close_concurrency
+            .map_or_else(|| "all".to_string(), |k| k.to_string()),
         2 * n,
+        closed.secs,
         mib(rss2)
     ));
-    rep.num("teardown_secs", secs);
-    rep.num("close_errors", close_errors.len() as f64);
-    if let Some(e) = close_errors.first() {
-        rep.line(format!(
-            "{} close errors after both ends of stream (nothing lost), first: {e}",
-            close_errors.len()
-        ));
-    }
+    rep.line(closed.distribution_line());
+    rep.line(closed.results_line());
+    let ms = |ns: u64| ns as f64 / 1e6;
+    rep.num("teardown_secs", closed.secs);
+    rep.num("close_p50_ms", ms(closed.hist.value_at_quantile(0.5)));
+    rep.num("close_p90_ms", ms(closed.hist.value_at_quantile(0.9)));
+    rep.num("close_p99_ms", ms(closed.hist.value_at_quantile(0.99)));
+    rep.num("close_max_ms", ms(closed.hist.max()));
+    rep.num("close_errors", closed.errors() as f64);
     let leaked: Vec<String> = ["qp", "cq", "mr", "pd", "cm_id"]
         .iter()
         .filter(|k| res2.get(**k) != res0.get(**k))
         .map(|k| format!("{k} {:?} -> {:?}", res0.get(*k), res2.get(*k)))
         .collect();
     rep.finish();
+    if closed.errors() > 0 {
+        return Err(format!(
+            "{} clean closes returned an error ({})",
+            closed.errors(),
+            closed.results_line()
+        ));
+    }
     if rnr > 0 {
         return Err(format!("{rnr} RNR NAKs during the run"));
     }

@@ -287,6 +287,7 @@ impl Connection {
             _memory: memory,
         });
         if parts.peer_gone {
+            shared.io.with(|s| s.in_error = true);
             shared.qp.force_error(crate::QpFailure::Disconnected);
         }
         // On a shared receive queue: credits beyond the first may be granted now (the driver
@@ -528,10 +529,16 @@ impl Connection {
     /// Closes the connection: end of stream after the messages already being sent,
     /// disconnect, and wait until every outstanding operation has resolved.
     ///
+    /// If the peer's end of stream arrived first, the disconnect waits until the peer knows
+    /// that its own end of stream arrived (one more control message; docs/connections.md,
+    /// "Close and failure"), so that a clean close returns `Ok` on both sides.
+    ///
     /// # Errors
     ///
-    /// The connection's failure if it failed before end of stream was acknowledged (it is
-    /// closed anyway).
+    /// `Ok` means every message this side sent reached the peer: its end of stream was
+    /// acknowledged or confirmed, or the peer's end of stream had arrived and every data send
+    /// was acknowledged. An error is the connection's failure, and means messages whose
+    /// `send` returned `Ok` may not have reached the peer (it is closed anyway).
     ///
     /// # Cancel safety
     ///
@@ -544,12 +551,15 @@ impl Connection {
         let _ = self.shared.qp.close().instrument(self.span.clone()).await;
         let io = &self.shared.io;
         crate::driver::wait_until(&io.done, || io.torn_down.load(Ordering::Acquire)).await;
-        match res {
-            Err(Error::QpFailed(crate::QpFailure::Disconnected | crate::QpFailure::Closed)) => {
-                Ok(())
-            }
-            other => other,
+        if res.is_ok() {
+            return res;
         }
+        // Every send is accounted for now (completed, flushed, or given up): what reached the
+        // peer is known.
+        io.with(|s| {
+            let unaccounted = super::io::ConnIo::data_sends_outstanding(s);
+            s.proto.close_outcome(unaccounted)
+        })
     }
 }
 

@@ -66,7 +66,17 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
                         // completion queue: fail the queue pair with the cause and let its
                         // receives complete in order (successful ones first, then flushes).
                         debug!("peer disconnected");
+                        io.with(|s| s.in_error = true);
                         shared.qp.force_error(QpFailure::Disconnected);
+                        // What is already in the completion queue arrived before the
+                        // disconnect (the peer's end of stream among it): apply it first. On a
+                        // shared receive queue nothing of this connection may be left to flush
+                        // and carry it after the failure below.
+                        for _ in 0..64 {
+                            if shared.qp.poll_completions() == 0 {
+                                break;
+                            }
+                        }
                         // Completions the queue pair still has (then its flushes) carry the news;
                         // with nothing posted, tell the state machine directly.
                         io.with(|s| {
@@ -99,6 +109,7 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     let cause = io.with(|s| {
         s.proto.fail(QpFailure::Closed);
         s.draining = true;
+        s.in_error = true;
         s.proto.failure().cloned()
     });
     debug!(?cause, "connection torn down");

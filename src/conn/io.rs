@@ -146,6 +146,13 @@ pub(crate) struct ConnState {
     /// hands to its `Deferred` (run after the locks: the connection's, and the driver's when
     /// a completion pumped). The teardown moves it there in any case.
     pub(crate) to_error: bool,
+    /// The queue pair is being moved to the error state: post no receive any more.
+    /// Soft-RoCE's `post_recv` does not enter the kernel, and its kernel flushes a receive
+    /// queue only when the queue pair changes state or a packet arrives: a receive posted
+    /// after that flush never completes (the teardown's drain then waits out its stall
+    /// limit). Set under the lock before the state changes, so every receive posted before
+    /// is flushed.
+    pub(crate) in_error: bool,
 }
 
 /// The connection's message I/O (see the module docs).
@@ -238,11 +245,12 @@ impl ConnIo {
                 next_send: 0,
                 unsignaled: 0,
                 staged_unsignaled: 0,
-                sq_waiters: Vec::new(),
+                sq_waiters: Vec::with_capacity(4),
                 short: false,
                 driver_deadline: None,
                 draining: false,
                 to_error: false,
+                in_error: false,
             }),
             qp: cfg.qp,
             wr_base: cfg.wr_base,
@@ -536,6 +544,8 @@ impl ConnIo {
         warn!(error = %e, "posting on a connection failed");
         if s.proto.fail(QpFailure::PostFailed(errno)) {
             // Not here: this may run under the driver's lock (a refill from a completion).
+            // No receive is posted from now on (see `in_error`).
+            s.in_error = true;
             s.to_error = true;
         }
     }
@@ -578,7 +588,11 @@ impl ConnIo {
     }
 
     fn post_recvs(&self, s: &mut ConnState) {
-        let want = s.proto.recvs_to_post();
+        let want = if s.in_error {
+            0
+        } else {
+            s.proto.recvs_to_post()
+        };
         if let Some(share) = s.srq.as_mut() {
             // The buffers are the shared queue's: post back what came back, then grant what
             // the claim allows (the rest stays due and is retried at the next step).
@@ -636,6 +650,10 @@ impl ConnIo {
     pub(crate) fn abandon_unflushed(&self) -> (usize, usize) {
         let (recvs, sends) = {
             let mut s = self.lock();
+            if Self::data_sends_outstanding(&s) {
+                // Never flushed: whether the peer got them is unknown.
+                s.proto.data_send_failed(QpFailure::Closed);
+            }
             (std::mem::take(&mut s.recvs), std::mem::take(&mut s.sends))
         };
         // What held something (drain markers hold nothing).
@@ -663,6 +681,13 @@ impl ConnIo {
                 .iter()
                 .filter(|(_, sent)| !matches!(sent, Sent::Marker))
                 .count()
+    }
+
+    /// Whether data sends are still on the device (neither completed nor flushed).
+    pub(crate) fn data_sends_outstanding(s: &ConnState) -> bool {
+        s.sends
+            .iter()
+            .any(|(_, sent)| matches!(sent, Sent::Data(_)))
     }
 
     /// Wakes the tasks waiting for send-queue room.
@@ -799,7 +824,7 @@ impl Sink for ConnIo {
                         }
                         // A send's completion is no sign of the peer's life (its NIC acks).
                         if let Err(cause) = res {
-                            s.proto.fail(cause);
+                            s.proto.data_send_failed(cause);
                         }
                     }
                 }

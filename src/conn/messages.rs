@@ -277,7 +277,7 @@ pub(super) struct Progress<'a> {
 impl<'a> Progress<'a> {
     pub(super) fn new(conn: &'a Connection) -> Progress<'a> {
         let mut waiter = Waiter::default();
-        waiter.start();
+        waiter.start(conn.shared.qp.shared());
         Progress { conn, waiter }
     }
 
@@ -300,10 +300,15 @@ impl<'a> Progress<'a> {
             }
             let conn = &self.conn.shared;
             let io = &conn.io;
-            // Looks at the state unless it is unchanged since the last look; then polls the
-            // completion queue (which may change it) and looks once more.
-            for poll_cq in [false, true] {
-                if poll_cq {
+            // Looks at the state unless it is unchanged since the last look. Looks first, then polls in place as many times as the mode says (none in event
+            // mode: see `Shared::in_place_polls`), looking again after each poll that changed
+            // the state.
+            let polls = conn.qp.shared().in_place_polls();
+            for n in 0..=polls {
+                if n > 0 {
+                    if n > 1 {
+                        std::hint::spin_loop();
+                    }
                     conn.qp.poll_completions();
                 }
                 if seen == Some(io.changes()) {

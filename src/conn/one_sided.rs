@@ -84,7 +84,11 @@ impl Connection {
         self.shared.qp.write(buf, remote).await
     }
 
-    /// Reads the peer's memory at `remote` into `buf` (its whole capacity).
+    /// Reads the peer's memory at the start of `remote` into `buf`: as many bytes as `buf`'s
+    /// length, which for a pool buffer is what [`Pool::acquire`] asked for (not its size
+    /// class's capacity: [`PoolBuf::set_len`](crate::buf::PoolBuf::set_len) first to read
+    /// more). `buf` must come from this connection's [`pool`](Self::pool) (a plain `Vec` has
+    /// no registration, and memory registered elsewhere is refused) and fit in `remote`.
     ///
     /// # Errors
     ///

@@ -31,6 +31,10 @@ const STALE_SPIN_CHECK: Duration = Duration::from_millis(2);
 /// shared receive queue waits for its last-WQE event up to a bound).
 const CLOSING_CHECK: Duration = Duration::from_millis(50);
 
+/// Busy mode: how many rounds in a row that find nothing the completion task polls the CQ
+/// itself (yielding between them) while no future spins, before it arms the CQ and sleeps.
+const TASK_SPIN_ROUNDS: u32 = 64;
+
 /// Acknowledge CQ events once this many are pending (one `ibv_ack_cq_events` for all).
 const ACK_BATCH: u32 = 32;
 
@@ -63,12 +67,29 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let mut reaped = Vec::new();
     // The poll count after our own last drain, if futures were spinning then.
     let mut spun_at: Option<u64> = None;
-    // When the CQ was last watched (a spinner, or completions found by this task).
+    // When the CQ was last watched (a spinner, or completions found by this task); adaptive
+    // mode only (the other modes read no clock here).
+    let adaptive = matches!(shared.mode, CompletionMode::Adaptive { .. });
     let mut watched = Instant::now();
+    let seen = |n: usize, watched: &mut Instant| {
+        if n > 0 && adaptive {
+            *watched = Instant::now();
+        }
+        n > 0
+    };
+    // The CQ is armed and was drained after the arm: any later completion raises an event, so
+    // there is no need to arm (and poll) again before the next one is read.
+    let mut armed = false;
+    // The event branch below has just drained the CQ: no need to poll again at once.
+    let mut fresh = false;
+    // Busy mode: rounds this task has polled the CQ in a row and found nothing.
+    let mut idle_rounds = 0u32;
     loop {
         let others_polled = spun_at != Some(shared.counters.polls.load(Ordering::Relaxed));
-        if shared.drain(&mut reaped) > 0 {
-            watched = Instant::now();
+        if !std::mem::take(&mut fresh) {
+            let found = shared.drain(&mut reaped);
+            seen(found, &mut watched);
+            idle_rounds = if found > 0 { 0 } else { idle_rounds + 1 };
         }
         if finished(&shared, &mut reaped) {
             break;
@@ -80,14 +101,22 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         let stale = spinners && spun_at.is_some() && !others_polled;
         spun_at = spinners.then(|| shared.counters.polls.load(Ordering::Relaxed));
         if spinners && !stale {
-            watched = Instant::now();
-        } else {
+            idle_rounds = 0;
+            if adaptive {
+                watched = Instant::now();
+            }
+        } else if !armed {
             // Nobody polls the CQ: in busy mode this task does, while anything is
-            // outstanding; in adaptive mode for the spin budget after the CQ was last
+            // outstanding, for up to TASK_SPIN_ROUNDS rounds that find nothing (futures
+            // that wait spin themselves; a task spinning beside them on another worker of
+            // a multi-thread runtime only takes the CPU the device's kernel work and the
+            // peer need); in adaptive mode for the spin budget after the CQ was last
             // watched (a future that just completed is usually followed by the next one
             // within it, so no arm, no event); otherwise it arms and sleeps.
             let spin = match shared.mode {
-                CompletionMode::BusyPoll => shared.has_outstanding(),
+                CompletionMode::BusyPoll => {
+                    idle_rounds < TASK_SPIN_ROUNDS && shared.has_outstanding()
+                }
                 CompletionMode::Adaptive { max_spin } => {
                     let budget = spin_budget(shared.latency.estimate(WaitKind::Send), max_spin);
                     watched.elapsed() < budget && shared.has_outstanding()
@@ -104,9 +133,9 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 continue;
             }
             shared.counters.arms.fetch_add(1, Ordering::Relaxed);
+            armed = true;
             // Completions that arrived before the arm raise no event: poll once more.
-            if shared.drain(&mut reaped) > 0 {
-                watched = Instant::now();
+            if seen(shared.drain(&mut reaped), &mut watched) {
                 continue;
             }
         }
@@ -129,10 +158,29 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                         }
                     }
                     shared.counters.cq_events.fetch_add(events, Ordering::Relaxed);
-                    if shared.drain(&mut reaped) == 0 && events > 0 {
-                        // An event with no completions: normal (the arm/poll race, or a
-                        // spinning future got there first), not an error.
-                        shared.counters.empty_events.fetch_add(1, Ordering::Relaxed);
+                    if events > 0 {
+                        // The event consumed the arm.
+                        armed = false;
+                        if shared.mode == CompletionMode::Event && !shared.spinners.any() {
+                            // Re-arm before draining (as perftest does): a completion after
+                            // the arm raises the next event, one found by this drain was
+                            // there before it; one poll per event instead of three.
+                            match shared.cq.req_notify_driven(false) {
+                                Ok(()) => {
+                                    shared.counters.arms.fetch_add(1, Ordering::Relaxed);
+                                    armed = true;
+                                }
+                                Err(e) => warn!(error = %e, "re-arming the completion queue failed"),
+                            }
+                        }
+                        fresh = true;
+                        if shared.drain(&mut reaped) == 0 {
+                            // An event with no completions: normal (the arm/poll race, or a
+                            // spinning future got there first), not an error.
+                            shared.counters.empty_events.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            seen(1, &mut watched);
+                        }
                     }
                     if shared.cq.unacked_events() >= ACK_BATCH {
                         shared.cq.ack_events();

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tracing::{debug, info_span};
 
@@ -204,6 +205,8 @@ impl AsyncQp {
         let shared = self.shared();
         let stopped = || shared.stopped.load(std::sync::atomic::Ordering::Acquire);
         let posted = || shared.lock().core.posted(self.key);
+        // Registered as a closer before the first look at what is posted (see `Shared::drain`).
+        let _closer = Closer::new(shared);
         loop {
             if stopped() {
                 // No completion task any more (its runtime shut down): apply the flushes here,
@@ -258,6 +261,22 @@ impl fmt::Debug for AsyncQp {
             .field("qpn", &self.qp.qpn())
             .field("caps", &self.cfg.caps)
             .finish_non_exhaustive()
+    }
+}
+
+/// Counts an `AsyncQp::close` waiting on [`Shared::drained`] while it lives.
+struct Closer<'a>(&'a Shared);
+
+impl<'a> Closer<'a> {
+    fn new(shared: &'a Shared) -> Closer<'a> {
+        shared.closers.fetch_add(1, Ordering::AcqRel);
+        Closer(shared)
+    }
+}
+
+impl Drop for Closer<'_> {
+    fn drop(&mut self) {
+        self.0.closers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -27,13 +27,6 @@ use crate::error::{Error, Result};
 use crate::proto::{OpInfo, QpKey, WorkRequest};
 use crate::verbs::QpCaps;
 
-/// How many times a waiting future polls the CQ in place, in busy mode, before it returns
-/// `Pending` (waking itself) so the runtime can run other tasks: a slice of a few microseconds
-/// on hardware (tens under TCG), short enough that a worker shared with other tasks is not held
-/// noticeably longer than by one task's poll, long enough that a completion arriving within
-/// a round trip is seen without a trip through the runtime.
-const IN_PLACE_POLLS: u32 = 64;
-
 /// What every operation of one queue pair needs to know.
 #[derive(Debug, Clone)]
 pub(crate) struct OpConfig {
@@ -114,6 +107,8 @@ impl<B: Send + 'static> RawOp<B> {
         } = self;
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
+        // The lock taken to post is kept for the first look at the result.
+        let mut posted_under = None;
         let (wr_id, buf, flushed) = match std::mem::replace(state, RawState::Done) {
             RawState::Done => panic!("operation future polled after completion"),
             RawState::Invalid { buf, err } => return Poll::Ready((Err(err), buf)),
@@ -124,7 +119,7 @@ impl<B: Send + 'static> RawOp<B> {
                     Ok(sub) => sub.wr_id,
                     Err(err) => return Poll::Ready((Err(err), buf)),
                 };
-                waiter.start();
+                waiter.start(shared);
                 if cfg.coalesce && !*eager {
                     // Yield once so that siblings started in this wake queue up too; the next
                     // poll posts them all with one doorbell.
@@ -139,6 +134,7 @@ impl<B: Send + 'static> RawOp<B> {
                 }
                 post::post(&mut st, shared, cfg.qp, &mut wake);
                 wake.take_from(&mut st.out);
+                posted_under = Some(st);
                 (wr_id, buf, true)
             }
             RawState::InTable {
@@ -147,7 +143,7 @@ impl<B: Send + 'static> RawOp<B> {
                 flushed,
             } => (wr_id, buf, flushed),
         };
-        let mut st = shared.lock();
+        let mut st = posted_under.unwrap_or_else(|| shared.lock());
         if !flushed {
             post::post(&mut st, shared, cfg.qp, &mut wake);
             wake.take_from(&mut st.out);
@@ -156,11 +152,7 @@ impl<B: Send + 'static> RawOp<B> {
         // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
         // (a runtime round trip per empty poll costs several times the poll itself); the lock
         // is released between polls, so other threads post and poll meanwhile.
-        let polls = if shared.mode == super::CompletionMode::BusyPoll {
-            IN_PLACE_POLLS
-        } else {
-            1
-        };
+        let polls = shared.in_place_polls();
         let mut n = 0;
         while res.is_pending() && n < polls {
             if n > 0 {

@@ -9,7 +9,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -25,6 +25,13 @@ use super::wait::Latency;
 use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
 use crate::verbs::{CompletionQueue, QueuePair, SendOp, SendWr, WcBatch};
+
+/// How many times a waiting future polls the CQ in place, in busy mode, before it returns
+/// `Pending` (waking itself) so the runtime can run other tasks: a slice of a few microseconds
+/// on hardware (tens under TCG), short enough that a worker shared with other tasks is not held
+/// noticeably longer than by one task's poll, long enough that a completion arriving within
+/// a round trip is seen without a trip through the runtime.
+pub(crate) const IN_PLACE_POLLS: u32 = 64;
 
 /// What a dropped operation parks in the table: its buffers, until the device is done.
 pub(crate) type Payload = Box<dyn Any + Send>;
@@ -144,8 +151,11 @@ pub(crate) struct Shared {
     pub(crate) notify: Notify,
     /// Wakes the async-event task (shutdown).
     pub(crate) notify_events: Notify,
-    /// Signalled after completions were applied while some queue pair is closing.
+    /// Signalled after the completion task applied completions, while [`closers`](Self::closers)
+    /// is not zero.
     pub(crate) drained: Notify,
+    /// `AsyncQp::close` calls waiting on `drained`.
+    pub(crate) closers: AtomicUsize,
     pub(crate) shutdown: AtomicBool,
     /// The completion task is gone (its runtime shut down): see [`Shared::stop`].
     pub(crate) stopped: AtomicBool,
@@ -172,7 +182,9 @@ pub(crate) struct Deferred {
     /// nothing per slot), then on the heap.
     wakers: SmallVec<[Waker; 32]>,
     released: Vec<Payload>,
-    sinks: Vec<Arc<dyn Sink>>,
+    /// Inline up to 4 (a poll rarely applies completions of more queue pairs whose owners
+    /// have memory to release): no allocation on the data path.
+    sinks: SmallVec<[Arc<dyn Sink>; 4]>,
     /// Failed queue pairs to move to ERR, each once, in the order they failed.
     to_error: Vec<ToError>,
 }
@@ -302,12 +314,33 @@ impl Shared {
             notify: Notify::new(),
             notify_events: Notify::new(),
             drained: Notify::new(),
+            closers: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             counters: Counters::default(),
             cq_budget: Mutex::new(0),
             srq_limit: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Whether a waiting future polls the CQ itself. Not in event mode while the completion
+    /// task runs: the task keeps the CQ armed whenever it sleeps, so a completion nobody has
+    /// applied yet raises an event, and the task applies it and wakes its waiter; a future
+    /// polled after that wake-up finds its outcome without polling. An in-place poll would
+    /// (nearly) always find nothing. Without the task (its runtime gone) futures poll.
+    pub(crate) fn polls_in_place(&self) -> bool {
+        self.mode != CompletionMode::Event || self.stopped.load(Ordering::Acquire)
+    }
+
+    /// How many times one poll of a waiting future polls the CQ in place before it spins
+    /// (wakes itself) or sleeps: [`IN_PLACE_POLLS`] in busy mode, none in event mode (see
+    /// [`polls_in_place`](Self::polls_in_place)), once otherwise.
+    pub(crate) fn in_place_polls(&self) -> u32 {
+        match self.mode {
+            _ if !self.polls_in_place() => 0,
+            CompletionMode::BusyPoll => IN_PLACE_POLLS,
+            _ => 1,
         }
     }
 
@@ -417,9 +450,10 @@ impl Shared {
         let mut total = 0;
         let mut wake = Deferred::default();
         loop {
-            let n = {
+            let (n, full) = {
                 let mut st = self.lock();
                 let n = self.poll_cq(&mut st, &mut wake);
+                let full = n == st.batch.capacity();
                 if self.closing.load(Ordering::Acquire) {
                     let timeouts = st.reap_closed(reaped, Instant::now());
                     if timeouts > 0 {
@@ -431,16 +465,21 @@ impl Shared {
                         self.closing.store(false, Ordering::Release);
                     }
                 }
-                n
+                (n, full)
             };
             wake.run();
             total += n;
-            if n == 0 {
+            // A batch not filled means the CQ was empty when polled: no second poll to see it.
+            if !full {
                 break;
             }
         }
         // `AsyncQp::close` waits for this (the completion task's drains only: not the hot path).
-        self.drained.notify_waiters();
+        // A closer registers before it looks at what is posted, and that look takes the lock
+        // this drain applied its completions under: if it saw work left, this load sees it.
+        if self.closers.load(Ordering::Acquire) > 0 {
+            self.drained.notify_waiters();
+        }
         self.release(reaped);
         total
     }

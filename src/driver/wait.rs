@@ -87,9 +87,10 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    /// The operation was posted now (starts its latency sample).
-    pub(crate) fn start(&mut self) {
-        if self.since.is_none() {
+    /// The operation was posted now (starts its latency sample). Only the adaptive mode
+    /// reads the samples, so only it pays for the clock reads.
+    pub(crate) fn start(&mut self, shared: &Shared) {
+        if self.since.is_none() && matches!(shared.mode, CompletionMode::Adaptive { .. }) {
             self.since = Some(Instant::now());
         }
     }

@@ -38,6 +38,7 @@ pub(crate) enum Call {
     Listen,
     ResolveAddr,
     GetCmDevices,
+    ResolveRoute,
     /// Any other call: the errno is named, no hint.
     Other,
 }
@@ -65,6 +66,11 @@ pub(crate) fn hint(call: Call, errno: i32) -> Option<&'static str> {
         }
         (BindAddr | ResolveAddr, libc::EADDRNOTAVAIL | libc::ENODEV | libc::ENETUNREACH) => {
             NOT_RDMA_ADDR
+        }
+        (ResolveRoute, libc::ENODEV | libc::ENETUNREACH | libc::EADDRNOTAVAIL) => {
+            "no RDMA device routes to that address: 0.0.0.0 and :: (unspecified addresses) \
+             name no peer, and the route to the peer must leave through an RDMA link's netdev; \
+             connect to the peer's IP address on the RDMA link"
         }
         (BindAddr, libc::EINVAL) => "the id is already bound",
         (ResolveAddr, libc::EINVAL) => "the id is already bound to an address or connected",

@@ -27,9 +27,9 @@ fn atomic_request<B: IoBufMut>(
             "atomic target {remote_addr:#x} is not 8-byte aligned"
         )));
     }
-    let lkey = buf.lkey().ok_or_else(|| {
-        Error::InvalidArgument("atomic buffer has no lkey: use registered memory".into())
-    })?;
+    let lkey = buf
+        .lkey()
+        .ok_or_else(|| Error::InvalidArgument(format!("atomic {}", super::sg::NO_LKEY)))?;
     let sge = Sge::new(buf.stable_mut_ptr() as u64, 8, lkey);
     Ok(WorkRequest::send(op(remote_addr, remote.rkey()), &[sge]))
 }

@@ -40,16 +40,19 @@ pub trait SgTarget: sealed::Sealed + Send + 'static {
 #[derive(Debug, Default)]
 pub struct BufList<B>(pub Vec<B>);
 
+/// Why a buffer without an lkey (a plain `Vec` or `BytesMut`) is refused, and what to use.
+pub(crate) const NO_LKEY: &str = "buffer has no lkey (a plain Vec or BytesMut is not \
+    registered memory): on a Connection take it from the connection's pool \
+    (`conn.pool()?.acquire(len)`; memory registered in any other protection domain is refused \
+    too); on an AsyncQp use a pool or RegisteredBuffer of the queue pair's protection domain";
+
 fn sge(ptr: *const u8, len: usize, lkey: Option<u32>) -> Result<Option<Sge>> {
     if len == 0 {
         return Ok(None);
     }
     // Error texts are built only on the error path: the hot path does not allocate.
     let Some(lkey) = lkey else {
-        return Err(Error::InvalidArgument(
-            "buffer has no lkey: use registered memory (a pool buffer or a registered buffer)"
-                .into(),
-        ));
+        return Err(Error::InvalidArgument(NO_LKEY.into()));
     };
     let Ok(len) = u32::try_from(len) else {
         return Err(Error::InvalidArgument(format!(
@@ -147,6 +150,9 @@ mod tests {
     fn unregistered_memory_is_rejected_with_a_clear_error() {
         let err = source_list(&vec![1u8; 4], 4).unwrap_err();
         assert!(err.to_string().contains("no lkey"), "{err}");
+        // It names what works on a connection (a RegisteredBuffer of one's own is refused
+        // there: each connection has its own protection domain).
+        assert!(err.to_string().contains("conn.pool()"), "{err}");
         // Empty buffers need no key and produce no entry.
         assert!(
             source_list(&Vec::<u8>::new(), 4)

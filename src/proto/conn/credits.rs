@@ -115,6 +115,32 @@ impl Credits {
         self.ctrl_sent - self.ctrl_confirmed
     }
 
+    /// Control messages we sent.
+    pub fn ctrl_sent(&self) -> u64 {
+        self.ctrl_sent
+    }
+
+    /// Of our control messages, how many the peer confirmed (counted in its `ctrl ack`).
+    pub fn ctrl_confirmed(&self) -> u64 {
+        self.ctrl_confirmed
+    }
+
+    /// The peer's control messages whose receives we re-posted.
+    pub fn ctrl_processed(&self) -> u64 {
+        self.ctrl_processed
+    }
+
+    /// The `ctrl ack` we last told the peer.
+    pub fn ctrl_announced(&self) -> u64 {
+        self.ctrl_announced
+    }
+
+    /// Whether the peer returned the credit of every data chunk we sent (and granted all of
+    /// its depth): it re-posted the receive of each, so every chunk reached it.
+    pub fn all_returned(&self) -> bool {
+        self.data_in_use == 0
+    }
+
     /// Credits we owe the peer.
     pub fn owed(&self) -> u32 {
         self.owed

@@ -38,6 +38,9 @@
 //!   fails it with [`QpFailure::KeepaliveTimeout`].
 #![forbid(unsafe_code)]
 
+mod close;
+#[cfg(test)]
+mod close_tests;
 mod credits;
 #[cfg(test)]
 mod keepalive_tests;
@@ -202,6 +205,9 @@ struct OutMsg {
     rdv: bool,
 }
 
+/// Wakers a connection has room for before its list grows.
+const WAKERS_RESERVED: usize = 8;
+
 /// The protocol state machine of one connection. `B` is a receive buffer.
 #[derive(Debug)]
 pub struct ConnProto<B> {
@@ -218,6 +224,8 @@ pub struct ConnProto<B> {
     close_sent: bool,
     close_done: bool,
     close_wakers: Vec<Waker>,
+    /// End-of-stream bookkeeping: delivery of both `Close`s, what a close reports.
+    eos: close::Eos,
     // Sending.
     next_id: u64,
     out: VecDeque<OutMsg>,
@@ -268,6 +276,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             close_sent: false,
             close_done: false,
             close_wakers: Vec::new(),
+            eos: close::Eos::default(),
             next_id: 0,
             out: VecDeque::new(),
             rdv: rendezvous::RdvSend::default(),
@@ -281,7 +290,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             last_heard: now,
             keepalive_due: false,
             next_keepalive: cfg.keepalive.map(|k| now + k),
-            wakers: Vec::new(),
+            // Room for the futures that usually wait at once (a sender and a receiver
+            // per side, a close): waking them does not grow the list in steady state.
+            wakers: Vec::with_capacity(WAKERS_RESERVED),
             driver_kick: false,
             counters: ConnCounters::default(),
         }
@@ -489,77 +500,6 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         }
     }
 
-    /// Closes this side: no new messages; end of stream goes out after the queued ones.
-    pub fn close(&mut self) {
-        if !self.local_closed {
-            self.local_closed = true;
-            self.check_close_ready();
-        }
-    }
-
-    /// Closes fully: end of stream after the queued messages, then disconnect without
-    /// waiting for the peer's end of stream.
-    pub fn close_full(&mut self) {
-        self.full_close = true;
-        self.close();
-        self.kick();
-    }
-
-    /// Whether the shell should disconnect now and drain: the connection failed (after any
-    /// error report went out), or both sides closed, or a full close finished.
-    pub fn should_disconnect(&self) -> bool {
-        if self.failure.is_some() {
-            return !self.error_report_pending();
-        }
-        self.close_done && (self.full_close || self.rx.peer_closed)
-    }
-
-    /// Nothing left to send before end of stream: the queue is empty and the peer read every
-    /// rendezvous message (a disconnect before that would fail its reads).
-    fn all_sent(&self) -> bool {
-        self.out.is_empty() && self.rdv.unacked() == 0
-    }
-
-    /// Starts the close timeout if end of stream waits for something (messages still to go
-    /// out, rendezvous messages still to be read).
-    fn note_close_wait(&mut self, now: Instant) {
-        if self.local_closed && !self.close_sent && self.failure.is_none() && !self.all_sent() {
-            self.close_waiting_since.get_or_insert(now);
-        }
-    }
-
-    /// When the close timeout expires, if end of stream is still waiting for something to go
-    /// out (once everything went, end of stream itself is under the keepalive's deadline).
-    fn close_deadline(&self) -> Option<Instant> {
-        self.close_waiting_since
-            .filter(|_| !self.close_sent && !self.all_sent())
-            .map(|t| t + self.cfg.close_timeout)
-    }
-
-    fn check_close_ready(&mut self) {
-        if self.local_closed && !self.close_sent && self.all_sent() {
-            self.kick();
-        }
-    }
-
-    /// Ready once end of stream was sent and acknowledged (or the connection failed).
-    ///
-    /// # Errors
-    ///
-    /// The connection's failure, if it failed before end of stream was acknowledged.
-    pub fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        if self.close_done {
-            return Poll::Ready(Ok(()));
-        }
-        if let Some(e) = self.failed_error() {
-            return Poll::Ready(Err(e));
-        }
-        if !self.close_wakers.iter().any(|w| w.will_wake(cx.waker())) {
-            self.close_wakers.push(cx.waker().clone());
-        }
-        Poll::Pending
-    }
-
     fn header(&mut self, kind: MsgKind) -> u32 {
         MsgHeader {
             kind,
@@ -618,6 +558,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
                 credits: seq,
             }
             .encode();
+            self.note_control_out(false);
             return Some(Transmit {
                 kind: MsgKind::Fetched,
                 imm,
@@ -627,6 +568,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         } else if self.keepalive_due
             || self.credits.credit_message_due()
             || self.credits.confirm_due()
+            || self.eos_confirm_due()
         {
             MsgKind::Credit
         } else if self.rx.rdv.ack_due().is_some() {
@@ -647,6 +589,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
                 self.ctrl_blocked_since.get_or_insert(now);
                 self.counters.credit_messages += 1;
                 let imm = self.header(MsgKind::Credit);
+                self.note_control_out(false);
                 return Some(Transmit {
                     kind: MsgKind::Credit,
                     imm,
@@ -668,6 +611,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             }
         }
         let imm = self.header(kind);
+        self.note_control_out(kind == MsgKind::Close);
         Some(Transmit { kind, imm })
     }
 
@@ -694,10 +638,8 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         }
         // Not a sign of life: the peer's NIC (or its kernel, for soft-RoCE) acknowledges a
         // send even while the peer process is stopped. Only what the peer sends counts.
-        if kind == MsgKind::Close {
-            self.close_done = true;
-            self.wakers.append(&mut self.close_wakers);
-        }
+        // Our `Close` delivered, or our confirmation of the peer's (see `close.rs`).
+        self.note_control_done();
         if kind == MsgKind::Credit {
             if let Some(k) = self.cfg.keepalive {
                 self.next_keepalive = Some(now + k);
@@ -731,10 +673,15 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         } else {
             self.next_keepalive
         };
-        [deadline, keepalive, self.close_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            deadline,
+            keepalive,
+            self.close_deadline(),
+            self.linger_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Time passed: a keepalive may be due, a control message overdue (the peer is gone), or
@@ -761,6 +708,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             return;
         }
         self.note_close_wait(now);
+        self.linger_timeout(now);
         if self.close_deadline().is_some_and(|at| now >= at) {
             // A live peer that does not take what is left (never returns credits, never reads
             // a rendezvous message): tear down without end of stream, releasing the memory.
@@ -819,6 +767,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             return false;
         }
         self.failure = Some(cause);
+        self.note_failure();
         for m in &mut self.out {
             if let Some(w) = m.waker.take() {
                 self.wakers.push(w);

@@ -101,12 +101,21 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             }
         };
         if self.failure.is_some() {
+            // Delivered before the failure reached us (a disconnect is handled before the
+            // completions queued ahead of its flushes): nothing is delivered any more, but its
+            // `ctrl ack` may still confirm our end of stream.
+            if let Some(h) = imm.and_then(|imm| MsgHeader::decode(imm).ok()) {
+                if h.kind != MsgKind::Error && self.credits.on_ctrl_ack(h.ctrl_ack).is_ok() {
+                    self.update_eos();
+                }
+            }
             return;
         }
         self.counters.receives += 1;
         if let Err(e) = self.receive(len, imm, buf) {
             self.violation(e);
         }
+        self.update_eos();
     }
 
     fn receive(&mut self, len: u32, imm: Option<u32>, buf: B) -> Result<(), ProtocolError> {
@@ -207,6 +216,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             _ => {}
         }
         // A control message's receive goes straight back (confirmed in `ctrl ack`).
+        self.note_control_in(header.kind == MsgKind::Close);
         self.rx.due_ctrl += 1;
         self.kick();
         Ok(())
