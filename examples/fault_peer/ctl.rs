@@ -232,4 +232,5 @@ pub fn resource_counts() -> Result<BTreeMap<String, u64>, String> {
     Ok(c)
 }
 
+#[allow(unused_imports)]
 pub use proc_stats::rss_bytes;

@@ -285,7 +285,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             error_sent: false,
             error_blocked_since: None,
             error_abandoned: false,
-            control_inflight: VecDeque::new(),
+            // The window bounds it (plus a confirm-only message's room of its own): reserved
+            // now, so the first keepalive of a quiet connection does not allocate.
+            control_inflight: VecDeque::with_capacity(CONTROL_WINDOW as usize + 1),
             ctrl_blocked_since: None,
             last_heard: now,
             keepalive_due: false,
