@@ -4,10 +4,10 @@
 //! caller's buffer (a plain `Vec` and a buffer of the connection's pool) and its "too small"
 //! refusal that leaves the message queued, a send dropped while its registration runs off
 //! the runtime (never sent, its registration released), a send dropped after its descriptor
-//! went out (the message still arrives whole and its memory is released), a `recv_into` dropped while the
-//! device writes into its buffer (the next receive gets the message), end of stream after a
-//! rendezvous message, a peer without rendezvous (chunked instead), and that every
-//! registration is gone afterwards (`rdma resource`).
+//! went out (the message still arrives whole and its memory is released), a `recv_into`
+//! dropped while the device writes into its buffer (the next receive gets the message), end of
+//! stream after a rendezvous message, a peer without rendezvous (chunked instead), and that
+//! every registration is gone afterwards (`rdma resource`).
 #![allow(clippy::print_stdout)]
 
 mod common;
