@@ -155,7 +155,7 @@ async fn a_registration_cache_lease_sends_any_memory_without_copying() {
     // Long-lived memory outside every pool (leaked: never unmapped while cached).
     let arena: &'static mut [u8] = Box::leak(common::pattern(2 * BIG, 9).into_boxed_slice());
     let arena: &'static [u8] = arena;
-    let mrs_before = common::resource_counts().get("mr").copied().unwrap_or(0);
+    let mrs_before = common::mr_count();
     // SAFETY: `arena` is never unmapped or remapped.
     let cache = unsafe { client.registration_cache(tokio_rdma::buf::CacheConfig::default()) };
     let before = client.stats();
@@ -183,7 +183,7 @@ async fn a_registration_cache_lease_sends_any_memory_without_copying() {
     );
     let m = cache.metrics();
     assert!(m.hits >= 1 && m.misses >= 1, "{m:?}");
-    let mrs = common::resource_counts().get("mr").copied().unwrap_or(0);
+    let mrs = common::mr_count();
     assert!(
         mrs > mrs_before,
         "the arena is registered ({mrs_before} -> {mrs})"
@@ -201,4 +201,182 @@ async fn a_registration_cache_lease_sends_any_memory_without_copying() {
     );
     drop((client, server));
     tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+/// Anonymous memory mapped by the test (at a chosen address, or anywhere), unmapped on drop:
+/// what the allocator does with a large `Vec` behind a `Bytes`.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; nothing else refers to it.
+unsafe impl Send for Mapping {}
+// SAFETY: shared access only reads it.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(at: Option<usize>, contents: &[u8]) -> Mapping {
+        let len = contents.len();
+        let flags =
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | at.map_or(0, |_| libc::MAP_FIXED_NOREPLACE);
+        let hint = at.unwrap_or(0) as *mut libc::c_void;
+        // SAFETY: a new private anonymous mapping; MAP_FIXED_NOREPLACE never replaces one.
+        let ptr =
+            unsafe { libc::mmap(hint, len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        assert_ne!(
+            ptr,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        let ptr = ptr.cast::<u8>();
+        if let Some(at) = at {
+            assert_eq!(ptr as usize, at, "mapped again at the same address");
+        }
+        // SAFETY: `len` writable bytes were just mapped at `ptr`; `contents` is elsewhere.
+        unsafe { std::ptr::copy_nonoverlapping(contents.as_ptr(), ptr, len) };
+        Mapping { ptr, len }
+    }
+}
+
+impl AsRef<[u8]> for Mapping {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` initialised bytes are mapped at `ptr` while `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: this value's own mapping; no reference to it outlives `self`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Issue 22 §4: the safe "register once, send many times" of the application's own memory.
+/// On 61ac8ac the only zero-copy path for such memory was the address-keyed registration
+/// cache, whose registration outlived the `Bytes` that `send_bytes` dropped; memory mapped
+/// at that address later was then sent from the old pages (the next test shows it). Here
+/// the registration owns the bytes: sends from it are zero-copy, a registration dropped under
+/// a send in flight stays until the device read the bytes, and once everything is dropped
+/// and other memory is mapped at the same address, its bytes (not the old ones) are sent.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn registered_bytes_own_their_memory_and_a_reused_address_sends_its_new_bytes() {
+    common::init_tracing();
+    let ep = Endpoint::open(&common::device_name()).expect("endpoint");
+    let (client, server) = pair(&ep, 7446).await;
+    let mrs_before = common::mr_count();
+    let first = common::pattern(BIG, 21);
+    let map = Mapping::new(None, &first);
+    let at = map.ptr as usize;
+    let bytes = Bytes::from_owner(map);
+    let reg = client
+        .register_bytes(bytes.clone())
+        .expect("register_bytes");
+    assert_eq!(common::mr_count(), mrs_before + 1, "one registration");
+
+    // Through the caller's own `Bytes` and through the registration's: no copy.
+    let before = client.stats();
+    let (r, ()) = tokio::join!(
+        client.send_bytes(bytes.slice(..SMALL)),
+        recv_exact(&server, &first[..SMALL], "own bytes")
+    );
+    r.expect("send");
+    let (r, ()) = tokio::join!(
+        client.send_bytes(reg.slice(BIG - SMALL..)),
+        recv_exact(&server, &first[BIG - SMALL..], "registration's bytes")
+    );
+    r.expect("send");
+    assert_eq!(sent(&before, &client.stats()), (2 * SMALL as u64, 0));
+
+    // The registration dropped while a 1 MiB send (16 chunks) is in flight: the send keeps
+    // it until the device read every chunk.
+    let before = client.stats();
+    let send = client.send_bytes(bytes.slice(..));
+    let recv = async {
+        drop(reg);
+        recv_exact(&server, &first, "registration dropped under the send").await
+    };
+    let (r, ()) = tokio::join!(send, recv);
+    r.expect("send");
+    assert_eq!(sent(&before, &client.stats()), (BIG as u64, 0));
+
+    // Everything dropped: deregistered, then unmapped; other memory at the same address.
+    drop(bytes);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while common::mr_count() > mrs_before && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        common::mr_count(),
+        mrs_before,
+        "the registration went with the last handle"
+    );
+    let second = common::pattern(BIG, 22);
+    let again = Bytes::from_owner(Mapping::new(Some(at), &second));
+    let before = client.stats();
+    let (r, ()) = tokio::join!(
+        client.send_bytes(again.slice(..SMALL)),
+        recv_exact(&server, &second[..SMALL], "new memory at the old address")
+    );
+    r.expect("send");
+    assert_eq!(
+        sent(&before, &client.stats()),
+        (0, SMALL as u64),
+        "no registration of the old memory is used: copied"
+    );
+    assert!(matches!(
+        client.register_bytes(Bytes::new()),
+        Err(tokio_rdma::Error::InvalidArgument(_))
+    ));
+    drop((client, server));
+}
+
+/// Why the registration cache is `unsafe` (and why its docs say to keep every `Bytes` sent):
+/// a registration pins the pages mapped when it was made, so once the memory is unmapped and
+/// other memory is mapped at the same address, a cache hit sends the OLD pages' bytes. This
+/// is the hazard the cache's contract forbids, shown on purpose; `register_bytes` above
+/// cannot reach it.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn the_registration_cache_contract_is_needed_a_remapped_address_sends_old_pages() {
+    common::init_tracing();
+    let ep = Endpoint::open(&common::device_name()).expect("endpoint");
+    let (client, server) = pair(&ep, 7447).await;
+    // SAFETY: deliberately broken below, to show what the contract prevents; the device
+    // only reads the old pages, which the cached registration keeps pinned.
+    let cache = unsafe { client.registration_cache(tokio_rdma::buf::CacheConfig::default()) };
+    let first = common::pattern(SMALL, 31);
+    let map = Mapping::new(None, &first);
+    let at = map.ptr as usize;
+    let (r, ()) = tokio::join!(
+        client.send_bytes(Bytes::from_owner(map)),
+        recv_exact(&server, &first, "first memory")
+    );
+    r.expect("send");
+    // Once the send's completion retires it, send_bytes drops the last handle: the memory
+    // is unmapped, its registration stays cached.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cache.metrics().bytes_in_use > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(cache.metrics().bytes_in_use, 0, "the send was retired");
+    let second = common::pattern(SMALL, 32);
+    let again = Bytes::from_owner(Mapping::new(Some(at), &second));
+    let (r, got) = tokio::join!(client.send_bytes(again), server.recv());
+    r.expect("send");
+    let got = got.expect("recv").expect("a message");
+    let m = cache.metrics();
+    println!(
+        "after the remap: cache {m:?}; the peer got the old bytes: {}",
+        got[..] == first[..]
+    );
+    assert_eq!(m.hits, 1, "the second send hit the stale entry");
+    assert!(
+        got[..] == first[..],
+        "the old pages were sent, not the new memory"
+    );
+    drop((client, server));
 }

@@ -12,14 +12,19 @@ mod cache;
 pub(crate) mod fake;
 mod grant;
 mod pool;
+mod registered;
 mod registrar;
+mod shared_region;
 mod slice;
 mod token;
 
 pub use cache::{CacheConfig, CacheMetrics, MrLease, RegCache};
 pub use grant::{Grant, GrantBuf, GrantKind, RemoteAccess};
 pub use pool::{Acquire, Pool, PoolBuf, PoolConfig, PoolMetrics, SizeClass};
+pub(crate) use registered::Registered;
+pub use registered::RegisteredBytes;
 pub use registrar::{MrRegistrar, Registrar, Registration};
+pub use shared_region::{SharedGrant, SharedRegion};
 pub use slice::Slice;
 pub use token::RemoteToken;
 

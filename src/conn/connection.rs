@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use bytes::Bytes;
 use tracing::{Instrument, debug, info_span};
 
 use super::driver;
@@ -21,7 +22,8 @@ use super::shared::ConnShared;
 use super::srq::SrqShare;
 use super::stream::RdmaStream;
 use crate::buf::{
-    CacheConfig, Grant, IoBufMut, Pool, PoolConfig, PoolMetrics, RegCache, RemoteAccess,
+    CacheConfig, Grant, IoBufMut, MrRegistrar, Pool, PoolConfig, PoolMetrics, RegCache, Registered,
+    RegisteredBytes, RemoteAccess, SharedGrant, SharedRegion,
 };
 use crate::driver::AsyncQp;
 use crate::endpoint::Endpoint;
@@ -76,6 +78,9 @@ pub struct Connection {
     /// Made by [`registration_cache`](Self::registration_cache): `send_bytes` of memory
     /// outside the pools looks it up there instead of copying.
     pub(super) reg_cache: OnceLock<RegCache>,
+    /// What [`register_bytes`](Self::register_bytes) registered: `send_bytes` of memory inside
+    /// a live registration sends it without copying.
+    pub(super) registered: OnceLock<Registered>,
 }
 
 /// Counters of one connection.
@@ -305,6 +310,7 @@ impl Connection {
             offered,
             user_pool: OnceLock::new(),
             reg_cache: OnceLock::new(),
+            registered: OnceLock::new(),
             user_pool_config,
         }
     }
@@ -353,11 +359,22 @@ impl Connection {
     /// long-lived memory sent many times (a file mapping, an arena); the first send from each
     /// range pays a registration, which is slower than copying a small message.
     ///
+    /// For memory the application allocates and frees itself, use
+    /// [`register_bytes`](Self::register_bytes) instead: it is safe, because the registration
+    /// owns the bytes.
+    ///
     /// # Safety
     ///
     /// The cache's contract ([`RegCache::new`]): memory sent through `send_bytes` while the
     /// cache exists must not be unmapped or remapped (`munmap`, `mremap`,
-    /// `madvise(MADV_DONTNEED)`, ...) without [`RegCache::invalidate`] first.
+    /// `madvise(MADV_DONTNEED)`, ...) without [`RegCache::invalidate`] first. Mind that
+    /// `send_bytes` drops the `Bytes` it is given once the device has read them: if that was
+    /// the last handle of a heap allocation, the allocator may unmap its pages (glibc does for
+    /// allocations above its mmap threshold, 128 KiB by default) and map other memory at the
+    /// same address later, and the cache then sends the old pages' bytes from there. So send
+    /// only memory that outlives the cache (a `static`, a leaked arena, a file mapping you
+    /// keep and invalidate before unmapping), or keep a handle to every `Bytes` you send, or
+    /// use a cache with [`CacheConfig::on_demand`], whose registrations follow the mappings.
     ///
     /// # Examples
     ///
@@ -378,6 +395,46 @@ impl Connection {
             // SAFETY: the caller's contract.
             unsafe { RegCache::with_pd(&self.shared.pd, config) }
         })
+    }
+
+    /// Registers the memory of `bytes` in this connection's protection domain (for local
+    /// reads: the peer gets no key) and returns the registration, which owns `bytes`. While it
+    /// lives, [`send_bytes`](Self::send_bytes) of any `Bytes` pointing inside that memory
+    /// sends it straight from there, neither copying nor registering (counted as
+    /// [`ConnStats::send_bytes_zero_copy`]); each send keeps the registration alive until the
+    /// device has read its bytes. Register once what you send many times (a table, a file's
+    /// contents); a `Bytes` that is sent once is cheaper copied.
+    ///
+    /// Unlike [`registration_cache`](Self::registration_cache) this is safe: the memory cannot
+    /// be freed while registered, and once the registration and every `Bytes` made from it
+    /// are dropped, later sends from that address are copied from whatever is there then.
+    ///
+    /// This calls `ibv_reg_mr`, which pins every page and blocks the calling thread meanwhile
+    /// (milliseconds per hundreds of MiB on hardware, longer on soft-RoCE): register large
+    /// memory from [`tokio::task::spawn_blocking`] or at startup.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for empty `bytes`; the registration error otherwise
+    /// ([`Error::MemlockExhausted`] names `RLIMIT_MEMLOCK`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: tokio_rdma::conn::Connection) -> tokio_rdma::Result<()> {
+    /// let page = bytes::Bytes::from(vec![1u8; 64 << 10]);
+    /// let reg = conn.register_bytes(page.clone())?;
+    /// conn.send_bytes(page.slice(..4096)).await?; // no copy
+    /// conn.send_bytes(reg.slice(4096..)).await?; // no copy either
+    /// assert_eq!(conn.stats().send_bytes_copied, 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn register_bytes(&self, bytes: Bytes) -> Result<RegisteredBytes> {
+        let reg = RegisteredBytes::register(&MrRegistrar::new(&self.shared.pd), bytes)?;
+        self.registered
+            .get_or_init(Registered::default)
+            .insert(&reg);
+        Ok(reg)
     }
 
     /// Grants the peer `access` to `range` of `buf` through this connection only: the
@@ -420,6 +477,49 @@ impl Connection {
         range: std::ops::Range<usize>,
         access: RemoteAccess,
     ) -> Result<Grant<B>> {
+        self.check_offered(access)?;
+        Grant::region(&self.shared.pd, buf, range, access)
+    }
+
+    /// Grants the peer `access` to `range` of a [`SharedRegion`] that other connections may be
+    /// granted too: the region's pages are registered once more, in this connection's
+    /// protection domain (no copy), and the token works on this connection only. Each grant is
+    /// revoked on its own by dropping it; the region lives while any grant or handle does. This
+    /// is how one table is served to many clients by one-sided reads (`examples/rowstore.rs`
+    /// shows the whole service, with a version per row so readers never accept a row this side
+    /// was rewriting).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tokio_rdma::buf::{RemoteAccess, SharedRegion};
+    /// # async fn demo(clients: Vec<tokio_rdma::conn::Connection>) -> tokio_rdma::Result<()> {
+    /// let table = SharedRegion::new(16 << 20);
+    /// let mut grants = Vec::new();
+    /// for conn in &clients {
+    ///     let g = conn.grant_shared(&table, 0..table.len(), RemoteAccess::READ)?;
+    ///     conn.send(&g.token().to_bytes()).await?;
+    ///     grants.push(g);
+    /// }
+    /// assert_eq!(table.grants(), clients.len()); // one table in memory, a key per client
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`grant`](Self::grant); on-demand access is refused (the region is pinned).
+    pub fn grant_shared(
+        &self,
+        region: &SharedRegion,
+        range: std::ops::Range<usize>,
+        access: RemoteAccess,
+    ) -> Result<SharedGrant> {
+        self.check_offered(access)?;
+        region.grant(&self.shared.pd, range, access)
+    }
+
+    /// Refuses rights this side did not offer in the handshake.
+    fn check_offered(&self, access: RemoteAccess) -> Result<()> {
         let offered = self.offered;
         if (access.contains(RemoteAccess::READ) || access.contains(RemoteAccess::WRITE))
             && !offered.contains(Flags::ONE_SIDED)
@@ -435,7 +535,7 @@ impl Connection {
                  (ConnectOptions::atomics(true) on this side)"
             )));
         }
-        Grant::region(&self.shared.pd, buf, range, access)
+        Ok(())
     }
 
     /// The negotiated parameters.

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::io::{ConnState, Source};
 use super::rendezvous::RdvSource;
 use super::shared::Message;
-use crate::buf::{MrLease, PoolBuf, blocking};
+use crate::buf::{PoolBuf, blocking};
 use crate::driver::{WaitKind, Waiter};
 use crate::error::{Error, QpFailure, Result};
 
@@ -61,7 +61,8 @@ impl Connection {
     /// registered in this connection's protection domain: a buffer of this connection's
     /// [`pool`](Self::pool) ([`PoolBuf::freeze`](crate::buf::PoolBuf::freeze), or
     /// [`send_buf`](Self::send_buf)), or a received [`Message`]'s
-    /// [`into_bytes`](Message::into_bytes) (forwarding it). Chunks go straight from those
+    /// [`into_bytes`](Message::into_bytes) (forwarding it), or memory inside a live
+    /// [`register_bytes`](Self::register_bytes) registration. Chunks go straight from those
     /// bytes to the peer; the connection keeps a reference to them until the device has read
     /// them, so their memory returns to its pool only then. Once the connection has a
     /// [`registration_cache`](Self::registration_cache), any other bytes go without copying
@@ -113,6 +114,19 @@ impl Connection {
                 .lkey_of(msg.as_ptr() as usize, msg.len(), self.user_pool.get())
         {
             return self.send_from(Source::Registered(&msg, lkey), None).await;
+        }
+        let lease = self
+            .registered
+            .get()
+            .and_then(|r| r.find(msg.as_ptr() as usize, msg.len()));
+        if let Some((lkey, lease)) = lease {
+            // The send ring keeps these bytes until the device read them: with them, the
+            // registration they lie in.
+            let held = Bytes::from_owner(Leased {
+                bytes: msg,
+                _lease: lease,
+            });
+            return self.send_from(Source::Registered(&held, lkey), None).await;
         }
         match self.reg_cache.get() {
             Some(cache) => {
@@ -294,6 +308,10 @@ impl<'a> Progress<'a> {
         // register it, changed state or not.
         let mut registered: Option<std::task::Waker> = None;
         std::future::poll_fn(|cx| {
+            // Tokio's cooperative budget, as its own I/O types: a task whose operations are
+            // always ready at once (queued messages, completions found in place) still yields
+            // to the runtime's other tasks once its budget is spent.
+            let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
             if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 registered = Some(cx.waker().clone());
                 seen = None;
@@ -319,6 +337,7 @@ impl<'a> Progress<'a> {
                     f(s, cx)
                 });
                 if let Poll::Ready(v) = looked {
+                    coop.made_progress();
                     self.waiter.done(conn.qp.shared(), WaitKind::Recv);
                     return Poll::Ready(v);
                 }
@@ -339,13 +358,14 @@ impl Drop for Progress<'_> {
     }
 }
 
-/// Bytes sent from a registration-cache lease: the lease lives as long as the bytes.
-struct Leased {
+/// Bytes sent under a lease on their registration (the registration cache's, or
+/// `register_bytes`'): the lease lives as long as the bytes.
+struct Leased<L> {
     bytes: Bytes,
-    _lease: MrLease,
+    _lease: L,
 }
 
-impl AsRef<[u8]> for Leased {
+impl<L> AsRef<[u8]> for Leased<L> {
     fn as_ref(&self) -> &[u8] {
         &self.bytes
     }

@@ -65,7 +65,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         }
     };
     let mut reaped = Vec::new();
-    // The poll count after our own last drain, if futures were spinning then.
+    // The poll count after our own last drain (every CQ poll counts, in place or here).
     let mut spun_at: Option<u64> = None;
     // When the CQ was last watched (a spinner, or completions found by this task); adaptive
     // mode only (the other modes read no clock here).
@@ -99,8 +99,21 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         // not leave the CQ unwatched for good: if nobody polled since the last check, go on
         // as if nobody spun.
         let stale = spinners && spun_at.is_some() && !others_polled;
-        spun_at = spinners.then(|| shared.counters.polls.load(Ordering::Relaxed));
-        if spinners && !stale {
+        // Futures that poll in place (busy and adaptive modes) watch the CQ as well as this
+        // task does, spinning or not: most find their completion within their in-place polls
+        // and never count as spinners. While they keep polling and no future sleeps (waiting
+        // for this task to wake it), the task leaves the CQ to them and looks again every
+        // STALE_SPIN_CHECK: no arm, no CQ event, no thread woken per operation (on a
+        // multi-thread runtime this task runs on another worker, and its spinning and events
+        // took the CPU the futures and the peer need). Event mode is unchanged: its futures
+        // never poll.
+        let polled_in_place = shared.mode != CompletionMode::Event
+            && spun_at.is_some()
+            && others_polled
+            && !shared.sleepers.any();
+        let watched_by_others = (spinners && !stale) || polled_in_place;
+        spun_at = Some(shared.counters.polls.load(Ordering::Relaxed));
+        if watched_by_others {
             idle_rounds = 0;
             if adaptive {
                 watched = Instant::now();
@@ -192,7 +205,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 }
             },
             () = shared.notify.notified() => trace!("completion task notified"),
-            () = tokio::time::sleep(STALE_SPIN_CHECK), if spinners && !stale => {}
+            () = tokio::time::sleep(STALE_SPIN_CHECK), if watched_by_others => {}
             // A closing queue pair may be waiting for a bound to pass (see `LAST_WQE_WAIT`).
             () = tokio::time::sleep(CLOSING_CHECK), if shared.closing.load(Ordering::Acquire) => {}
         }

@@ -112,7 +112,19 @@ impl<B: Send + 'static> RawOp<B> {
         let (wr_id, buf, flushed) = match std::mem::replace(state, RawState::Done) {
             RawState::Done => panic!("operation future polled after completion"),
             RawState::Invalid { buf, err } => return Poll::Ready((Err(err), buf)),
-            RawState::Ready(out) => return Poll::Ready(out),
+            RawState::Ready(out) => {
+                // Complete, held back by a spent budget (below): hand it out on a fresh one.
+                return match tokio::task::coop::poll_proceed(cx) {
+                    Poll::Ready(coop) => {
+                        coop.made_progress();
+                        Poll::Ready(out)
+                    }
+                    Poll::Pending => {
+                        *state = RawState::Ready(out);
+                        Poll::Pending
+                    }
+                };
+            }
             RawState::Init { buf, wr } => {
                 let mut st = shared.lock();
                 let wr_id = match st.core.submit_unparked(cfg.qp, wr) {
@@ -173,7 +185,21 @@ impl<B: Send + 'static> RawOp<B> {
             drop(st);
             wake.run();
             waiter.done(shared, *kind);
-            return Poll::Ready((outcome, buf));
+            // Tokio's cooperative budget, as its own I/O types: a loop of operations that
+            // always complete within their in-place polls still yields to the runtime's other
+            // tasks once the task's budget is spent. Checked only for the result, never
+            // before posting: the first poll posts whatever the budget.
+            return match tokio::task::coop::poll_proceed(cx) {
+                Poll::Ready(coop) => {
+                    coop.made_progress();
+                    Poll::Ready((outcome, buf))
+                }
+                Poll::Pending => {
+                    // The task was woken; the next poll hands the result out.
+                    *state = RawState::Ready((outcome, buf));
+                    Poll::Pending
+                }
+            };
         }
         // With the completion task gone (its runtime shut down) nobody would wake a sleeper:
         // keep polling in place until the flush completion arrives.

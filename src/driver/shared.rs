@@ -145,6 +145,9 @@ pub(crate) struct Shared {
     /// Futures polling the CQ themselves right now: while there are any, the completion task
     /// leaves the CQ unarmed (they see every completion first).
     pub(crate) spinners: Spinners,
+    /// Futures waiting for a wake-up (their waker registered) rather than polling: while there
+    /// are any, the completion task must keep the CQ watched (polled or armed) itself.
+    pub(crate) sleepers: Spinners,
     /// Observed completion latencies (the adaptive spin budget).
     pub(crate) latency: Latency,
     /// Wakes the completion task (shutdown, closing queue pairs, the last spinner leaving).
@@ -310,6 +313,7 @@ impl Shared {
             cq,
             mode,
             spinners: Spinners::default(),
+            sleepers: Spinners::default(),
             latency: Latency::default(),
             notify: Notify::new(),
             notify_events: Notify::new(),
@@ -540,6 +544,15 @@ impl Shared {
     /// arm the CQ so completions nobody polls for raise an event.
     pub(crate) fn spinner_left(&self) {
         if self.spinners.leave() {
+            self.notify.notify_one();
+        }
+    }
+
+    /// A future goes to sleep until woken: if it is the first, the completion task (which may
+    /// be leaving the CQ to the futures that poll it in place) must watch it now.
+    pub(crate) fn sleeper_joined(&self) {
+        self.sleepers.join();
+        if self.sleepers.count() == 1 {
             self.notify.notify_one();
         }
     }

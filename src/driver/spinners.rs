@@ -31,6 +31,10 @@ impl Spinners {
     pub(crate) fn any(&self) -> bool {
         self.0.load(Ordering::Acquire) > 0
     }
+
+    pub(crate) fn count(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 #[cfg(all(test, tokio_rdma_loom))]

@@ -84,6 +84,8 @@ pub(crate) fn spin_budget(est: Duration, max_spin: Duration) -> Duration {
 pub(crate) struct Waiter {
     since: Option<Instant>,
     spinning: bool,
+    /// Counted in `Shared::sleepers`.
+    sleeping: bool,
 }
 
 impl Waiter {
@@ -107,11 +109,22 @@ impl Waiter {
                 !budget.is_zero() && since.elapsed() < budget
             }
         };
-        if spin && !self.spinning {
-            self.spinning = true;
-            shared.spinners.join();
-        } else if !spin {
-            self.leave(shared);
+        if spin {
+            if !self.spinning {
+                self.spinning = true;
+                shared.spinners.join();
+            }
+            if std::mem::take(&mut self.sleeping) {
+                let _ = shared.sleepers.leave();
+            }
+        } else {
+            if std::mem::take(&mut self.spinning) {
+                shared.spinner_left();
+            }
+            if !self.sleeping {
+                self.sleeping = true;
+                shared.sleeper_joined();
+            }
         }
         spin
     }
@@ -128,6 +141,9 @@ impl Waiter {
     pub(crate) fn leave(&mut self, shared: &Shared) {
         if std::mem::take(&mut self.spinning) {
             shared.spinner_left();
+        }
+        if std::mem::take(&mut self.sleeping) {
+            let _ = shared.sleepers.leave();
         }
     }
 }

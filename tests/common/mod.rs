@@ -199,6 +199,11 @@ pub fn resource_counts() -> BTreeMap<String, u64> {
     proc_stats::resource_counts(&device_name()).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Memory regions of the device under test (`rdma resource show`'s `mr` count).
+pub fn mr_count() -> u64 {
+    resource_counts().get("mr").copied().unwrap_or(0)
+}
+
 /// Resident memory of this process.
 pub fn rss_bytes() -> u64 {
     proc_stats::rss_bytes()
