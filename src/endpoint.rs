@@ -201,8 +201,9 @@ impl EndpointOptions {
 /// and the options that apply to everything on it. Cheap to clone (a handle); the device and
 /// its tasks stay up while any clone, connection or listener of it lives.
 ///
-/// Several endpoints may be open on one device at once, each with its own completion queue
-/// and mode. [`Connection::connect`] and [`Listener::bind`] are shorthands that open an
+/// Several endpoints may be open on one device at once, each with its own device context,
+/// completion queue and mode (the device's async events about one endpoint's objects reach
+/// that endpoint only). [`Connection::connect`] and [`Listener::bind`] are shorthands that open an
 /// endpoint with default options on the device the address resolves to.
 ///
 /// # Examples
@@ -227,7 +228,14 @@ pub struct Endpoint {
 }
 
 struct Inner {
+    /// The endpoint's own device context: every verbs object of the endpoint (its completion
+    /// queue, protection domains, queue pairs, registrations, shared receive queue) lives
+    /// here, so the device's async events about them come to this context's queue, read by
+    /// this endpoint's driver alone.
     ctx: Context,
+    /// librdmacm's context of the device, which RDMA CM ids bind to and which every endpoint
+    /// on the device shares: only to tell which ids are on this device ([`Endpoint::owns`]).
+    cm_ctx: Context,
     driver: Driver,
     opts: EndpointOptions,
     srq: Option<Arc<SharedRecv>>,
@@ -295,7 +303,13 @@ impl Endpoint {
 
     /// An endpoint on `ctx`, which must be one of librdmacm's contexts
     /// ([`Context::rdma_cm_devices`], [`Context::from_cm_id`]) to carry RDMA CM connections.
-    pub(crate) fn on_context(ctx: Context, opts: EndpointOptions) -> Result<Endpoint> {
+    pub(crate) fn on_context(cm_ctx: Context, opts: EndpointOptions) -> Result<Endpoint> {
+        // A context of its own for its verbs objects: librdmacm opens each device once per
+        // process, so its context (and that context's one queue of async events) is shared by
+        // every endpoint on the device; an event about one endpoint's queue pair, CQ or SRQ
+        // would go to whichever endpoint read it first. RDMA CM needs of a queue pair only its
+        // number and attributes (`rdma_init_qp_attr`), valid on any context of the device.
+        let ctx = Context::open(cm_ctx.name())?;
         let dopts = opts.validate(&ctx)?;
         let driver = Driver::new(&ctx, dopts)?;
         let srq = match opts.shared_receive_queue {
@@ -305,6 +319,7 @@ impl Endpoint {
         Ok(Endpoint {
             inner: Arc::new(Inner {
                 ctx,
+                cm_ctx,
                 driver,
                 memory: MemoryBudget::new(opts.memory_budget),
                 opts,
@@ -478,7 +493,11 @@ impl Endpoint {
         self.inner.ctx.name()
     }
 
-    /// The device context.
+    /// The device context the endpoint's verbs objects live on: one of its own (opened with
+    /// `ibv_open_device`), not librdmacm's (which RDMA CM ids bind to and every endpoint on
+    /// the device shares), so the device's async events about this endpoint's queue pairs,
+    /// completion queue and shared receive queue come to this endpoint only. Create objects
+    /// to use with the endpoint's driver here.
     pub fn context(&self) -> &Context {
         &self.inner.ctx
     }
@@ -522,7 +541,7 @@ impl Endpoint {
 
     /// Whether `other` is a context of this endpoint's device (the same librdmacm context).
     pub(crate) fn owns(&self, other: &Context) -> bool {
-        self.inner.ctx.as_ptr() == other.as_ptr()
+        self.inner.cm_ctx.as_ptr() == other.as_ptr()
     }
 }
 

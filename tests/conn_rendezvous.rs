@@ -2,11 +2,12 @@
 //! straight into its destination. Checked: the bytes (16 MiB, and message order around
 //! eager messages), zero payload copies on both sides (counted), `recv_into` into the
 //! caller's buffer (a plain `Vec` and a buffer of the connection's pool) and its "too small"
-//! refusal that leaves the message queued, a send dropped after its descriptor went out (the
-//! message still arrives whole and its memory is released), a `recv_into` dropped while the
-//! device writes into its buffer (the next receive gets the message), end of stream after a
-//! rendezvous message, a peer without rendezvous (chunked instead), and that every
-//! registration is gone afterwards (`rdma resource`).
+//! refusal that leaves the message queued, a send dropped while its registration runs off
+//! the runtime (never sent, its registration released), a send dropped after its descriptor
+//! went out (the message still arrives whole and its memory is released), a `recv_into`
+//! dropped while the device writes into its buffer (the next receive gets the message), end of
+//! stream after a rendezvous message, a peer without rendezvous (chunked instead), and that
+//! every registration is gone afterwards (`rdma resource`).
 #![allow(clippy::print_stdout)]
 
 mod common;
@@ -161,14 +162,64 @@ async fn dropped_futures_neither_lose_nor_leak() {
     let (client, server) = pair(&ep, 7432, opts()).await;
     let mrs_before = mrs();
 
+    // Progress is judged by what only a rendezvous message moves: a descriptor posted adds
+    // the message's length to `send_bytes_zero_copy`, a `recv_into` whose read started has
+    // its buffer registered (one more memory region). Not `protocol.sends` / `.receives`:
+    // they count control messages too (credit returns, keepalives every 10 s).
+    let zero_copy = || client.stats().send_bytes_zero_copy;
+
+    // A send dropped after one poll: its registration of 16 MiB runs off the runtime, so
+    // usually the descriptor is not out yet and the message is never sent; if the
+    // registration already finished within that poll, the descriptor went out and the
+    // message must arrive whole. Either way the next message sent follows it in order, and
+    // nothing is lost or duplicated (checked by content below).
+    let first = bytes::Bytes::from(common::pattern(BIG, 4));
+    let zc = zero_copy();
+    {
+        let send = client.send_bytes(first.clone());
+        tokio::pin!(send);
+        assert!(futures::poll!(send.as_mut()).is_pending(), "not read yet");
+    }
+    let first_went_out = zero_copy() > zc;
+    println!("send dropped after one poll: descriptor out {first_went_out}");
+    if first_went_out {
+        let got = within(120, "first message", server.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got[..] == first[..], "a descriptor out is delivered whole");
+    } else {
+        // The registration (moved to the blocking pool with a handle of the bytes) finishes
+        // there and is dropped, region first: once `first` is the bytes' only handle, it is
+        // gone. (The region count alone cannot tell "not registered yet" from "released".)
+        let release = async {
+            while !first.is_unique() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        within(60, "the dropped send's registration finished", release).await;
+        assert!(
+            mrs() <= mrs_before,
+            "the dropped send's registration released"
+        );
+    }
+
     // A send dropped once its descriptor is out: the message still arrives whole, and the
     // memory is released when the peer read it.
     let pattern = bytes::Bytes::from(common::pattern(BIG, 5));
     {
         let send = client.send_bytes(pattern.clone());
         tokio::pin!(send);
-        // One poll posts the descriptor (credits are free); then the future is dropped.
-        assert!(futures::poll!(send.as_mut()).is_pending());
+        // Polled until the descriptor is out (the registration runs off the runtime first;
+        // credits are free); then the future is dropped.
+        let zc = zero_copy();
+        let out = async {
+            while zero_copy() == zc {
+                assert!(futures::poll!(send.as_mut()).is_pending(), "not read yet");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        within(60, "the second message's descriptor out", out).await;
     }
     let got = within(120, "message of a dropped send", server.recv())
         .await
@@ -176,27 +227,48 @@ async fn dropped_futures_neither_lose_nor_leak() {
         .unwrap();
     assert!(got[..] == pattern[..], "whole despite the dropped send");
     drop(got);
+    // The receiver's region went with the read, the sender's goes when `Fetched` arrives.
+    let released = async {
+        while mrs() > mrs_before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    within(60, "the dropped send's memory released once read", released).await;
 
     // A recv_into dropped while the device writes into its buffer: the next recv gets the
     // message (copied once, counted).
     let pattern = bytes::Bytes::from(common::pattern(BIG, 6));
-    let send = client.send_bytes(pattern.clone());
-    let dropped = async {
-        let into = server.recv_into(vec![0u8; BIG]);
-        tokio::pin!(into);
-        // Polled until the read is under way (the descriptor arrived and was taken).
-        for _ in 0..10_000 {
-            assert!(futures::poll!(into.as_mut()).is_pending(), "not done yet");
-            if server.stats().recv_bytes_fetched > 0 || server.stats().protocol.receives > 1 {
-                break;
+    let (sent, ()) = {
+        let send = client.send_bytes(pattern.clone());
+        tokio::pin!(send);
+        // Driven until its descriptor is out (its registration runs off the runtime first).
+        let zc = zero_copy();
+        let out = async {
+            while zero_copy() == zc {
+                assert!(futures::poll!(send.as_mut()).is_pending(), "not read yet");
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            tokio::task::yield_now().await;
-        }
+        };
+        within(60, "the third message's descriptor out", out).await;
+        let registered = mrs();
+        let dropped = async {
+            let into = server.recv_into(vec![0u8; BIG]);
+            tokio::pin!(into);
+            // Polled until its read is under way: the poll that takes the descriptor registers
+            // the buffer (inline) and posts the read; a 16 MiB read takes far longer than that.
+            loop {
+                assert!(futures::poll!(into.as_mut()).is_pending(), "not done yet");
+                if mrs() > registered {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        within(120, "dropped recv_into", async {
+            tokio::join!(send.as_mut(), dropped)
+        })
+        .await
     };
-    let (sent, ()) = within(120, "dropped recv_into", async {
-        tokio::join!(send, dropped)
-    })
-    .await;
     sent.expect("the send completes: the read finished into the dropped buffer");
     let before = server.stats().recv_bytes_copied;
     let got = within(60, "next recv", server.recv())

@@ -410,7 +410,9 @@ async fn run(args: Args) -> Result<(), String> {
     if warm.errors() > 0 {
         return Err(format!("warm-up: {}", warm.results_line()));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Queue pairs on a shared receive queue are destroyed after their last-WQE event, or 2 s
+    // after closing where the device sends none (rxe before Linux 6.5): let them go first.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
 
     let res0 = resource_counts(&dev)?;
     let hw0 = hw_counters(&dev);

@@ -6,6 +6,7 @@
 //! they report stays valid and unchanged for the life of the value, even when the value itself
 //! is moved (it points to the heap or to a registered pool, never into the value).
 
+pub(crate) mod blocking;
 mod cache;
 #[cfg(test)]
 pub(crate) mod fake;

@@ -145,6 +145,10 @@ pub(crate) struct ConnState {
     pub(crate) driver_deadline: Option<Instant>,
     /// Set while tearing down: rings drained wakes `drained`.
     pub(crate) draining: bool,
+    /// A post failed: the queue pair is to move to the error state, which the next `pump`
+    /// hands to its `Deferred` (run after the locks: the connection's, and the driver's when
+    /// a completion pumped). The teardown moves it there in any case.
+    pub(crate) to_error: bool,
     /// The queue pair is being moved to the error state: post no receive any more.
     /// Soft-RoCE's `post_recv` does not enter the kernel, and its kernel flushes a receive
     /// queue only when the queue pair changes state or a packet arrives: a receive posted
@@ -248,6 +252,7 @@ impl ConnIo {
                 short: false,
                 driver_deadline: None,
                 draining: false,
+                to_error: false,
                 in_error: false,
             }),
             qp: cfg.qp,
@@ -545,9 +550,10 @@ impl ConnIo {
         let errno = e.raw_os_error().unwrap_or(libc::EIO);
         warn!(error = %e, "posting on a connection failed");
         if s.proto.fail(QpFailure::PostFailed(errno)) {
-            if let Err(e) = self.qp.to_error() {
-                warn!(error = %e, "moving the queue pair to ERR");
-            }
+            // Not here: this may run under the driver's lock (a refill from a completion).
+            // No receive is posted from now on (see `in_error`).
+            s.in_error = true;
+            s.to_error = true;
         }
     }
 
@@ -568,6 +574,9 @@ impl ConnIo {
             if !self.post_send_entry(s, op, &[], Sent::Control(t.kind)) {
                 break;
             }
+        }
+        if std::mem::take(&mut s.to_error) {
+            wake.move_to_error(&self.qp, None);
         }
         for w in s.proto.take_wakers() {
             wake.push(w);

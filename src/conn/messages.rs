@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::io::{ConnState, Source};
 use super::rendezvous::RdvSource;
 use super::shared::Message;
-use crate::buf::PoolBuf;
+use crate::buf::{PoolBuf, blocking};
 use crate::driver::{WaitKind, Waiter};
 use crate::error::{Error, QpFailure, Result};
 
@@ -100,7 +100,7 @@ impl Connection {
     /// ```
     pub async fn send_bytes(&self, msg: Bytes) -> Result<()> {
         if self.by_rendezvous(msg.len()) {
-            let src = RdvSource::open(&self.shared.pd, msg)?;
+            let src = RdvSource::open(&self.shared.pd, msg).await?;
             let desc = src.descriptor();
             return self.send_from(Source::Copy(&desc), Some(src)).await;
         }
@@ -130,7 +130,18 @@ impl Connection {
         }
         match self.reg_cache.get() {
             Some(cache) => {
-                let lease = cache.lookup_or_register(msg.as_ptr(), msg.len())?;
+                let lease = match cache.cached(msg.as_ptr(), msg.len()) {
+                    Some(lease) => lease,
+                    None => {
+                        // A miss reads `/proc/self/maps` and pins the pages: off the runtime's
+                        // worker threads, with a handle of the bytes keeping them alive.
+                        let (cache, bytes) = (cache.clone(), msg.clone());
+                        blocking::run_for(msg.len(), move || {
+                            cache.lookup_or_register(bytes.as_ptr(), bytes.len())
+                        })
+                        .await?
+                    }
+                };
                 let lkey = lease.lkey();
                 // The send ring keeps these bytes until the device read them: with them, the
                 // lease that keeps them registered.

@@ -15,10 +15,11 @@ use super::connection::Connection;
 use super::io::{ConnIo, ConnState, Retired, Sent};
 use super::messages::Progress;
 use super::shared::Message;
+use crate::buf::blocking;
 use crate::buf::{IoBufMut, PoolBuf};
 use crate::error::{Error, Result};
 use crate::proto::conn::{Delivery, RemoteMsg};
-use crate::verbs::{AccessFlags, MemoryRegion, SendOp, Sge, explain_reg_error};
+use crate::verbs::{AccessFlags, MemoryRegion, ProtectionDomain, SendOp, Sge, explain_reg_error};
 
 /// The memory of a rendezvous message this side sent, until the peer read it.
 #[derive(Debug)]
@@ -29,8 +30,15 @@ pub(crate) struct RdvSource {
 }
 
 impl RdvSource {
-    /// Opens `bytes` to the peer of `pd`'s connection for RDMA READ.
-    pub(crate) fn open(pd: &crate::verbs::ProtectionDomain, bytes: Bytes) -> Result<RdvSource> {
+    /// Opens `bytes` to the peer of `pd`'s connection for RDMA READ. The registration (which
+    /// pins every page: long for a large message) runs off the runtime's worker threads; the
+    /// bytes move into it, so a caller dropped meanwhile frees nothing it uses.
+    pub(crate) async fn open(pd: &ProtectionDomain, bytes: Bytes) -> Result<RdvSource> {
+        let pd = pd.clone();
+        blocking::run_for(bytes.len(), move || RdvSource::register(&pd, bytes)).await
+    }
+
+    fn register(pd: &ProtectionDomain, bytes: Bytes) -> Result<RdvSource> {
         // SAFETY: the region is kept with `bytes` (which never move or free their storage
         // while a handle lives) and dropped first; READ-only access never writes the memory.
         let mr = unsafe {
@@ -145,10 +153,32 @@ impl Fetch {
         self.msg.len
     }
 
+    /// [`Fetch::new`] with the registration (if any) off the runtime's worker threads. `dest`
+    /// moves into the blocking call and comes back in the fetch (or the error): a caller
+    /// dropped meanwhile frees nothing the registration uses (the pool drops the result, the
+    /// region before `dest`).
+    async fn open(
+        pd: &ProtectionDomain,
+        msg: RemoteMsg,
+        (addr, lkey): (usize, Option<u32>),
+        dest: Box<dyn FetchBuf>,
+        owner: u64,
+    ) -> std::result::Result<Fetch, (Error, Box<dyn FetchBuf>)> {
+        // An address, not a pointer, is held across the await: `dest` owns the memory it names.
+        if lkey.is_some() {
+            return Fetch::new(pd, msg, (addr as *mut u8, lkey), dest, owner);
+        }
+        let pd = pd.clone();
+        blocking::run_for(msg.len as usize, move || {
+            Fetch::new(&pd, msg, (addr as *mut u8, None), dest, owner)
+        })
+        .await
+    }
+
     /// A fetch of `msg` into `dest`, whose memory starts at `ptr`: under `lkey` if given,
     /// else through a registration of its own. On failure `dest` comes back.
     fn new(
-        pd: &crate::verbs::ProtectionDomain,
+        pd: &ProtectionDomain,
         msg: RemoteMsg,
         (ptr, lkey): (*mut u8, Option<u32>),
         dest: Box<dyn FetchBuf>,
@@ -341,9 +371,10 @@ impl Connection {
                 Next::Remote(m) => {
                     // Allocated and registered outside the connection's lock.
                     let mut v = zeroed(m.len as usize)?;
-                    let at = (v.as_mut_ptr(), None);
-                    let fetch =
-                        Fetch::new(&self.shared.pd, m, at, Box::new(v), 0).map_err(|(e, _)| e)?;
+                    let at = (v.as_mut_ptr() as usize, None);
+                    let fetch = Fetch::open(&self.shared.pd, m, at, Box::new(v), 0)
+                        .await
+                        .map_err(|(e, _)| e)?;
                     drop(self.start_fetch(fetch));
                 }
                 Next::Fetched(f) => {
@@ -446,6 +477,8 @@ impl Connection {
                     // The capacity may be uninitialised: only its address range is looked up.
                     let lkey = io.lkey_of(ptr as usize, cap, self.user_pool.get());
                     let dest = Box::new(UserDest(b));
+                    // Registered inline: dropped at any await, this call must leave either nothing
+                    // started or a read under way (tests/conn_rendezvous.rs relies on it).
                     match Fetch::new(&self.shared.pd, m, (ptr, lkey), dest, owner) {
                         Err((e, dest)) => return (Err(e), take_user(dest)),
                         Ok(f) => match self.start_fetch(f) {

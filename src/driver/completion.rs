@@ -27,6 +27,9 @@ use crate::verbs::CompletionChannel;
 
 /// While futures spin, how often the task checks that they still poll (see `run`).
 const STALE_SPIN_CHECK: Duration = Duration::from_millis(2);
+/// While a queue pair is closing, the task looks this often whether it can be reaped (one on a
+/// shared receive queue waits for its last-WQE event up to a bound).
+const CLOSING_CHECK: Duration = Duration::from_millis(50);
 
 /// Busy mode: how many rounds in a row that find nothing the completion task polls the CQ
 /// itself (yielding between them) while no future spins, before it arms the CQ and sleeps.
@@ -203,6 +206,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             },
             () = shared.notify.notified() => trace!("completion task notified"),
             () = tokio::time::sleep(STALE_SPIN_CHECK), if watched_by_others => {}
+            // A closing queue pair may be waiting for a bound to pass (see `LAST_WQE_WAIT`).
+            () = tokio::time::sleep(CLOSING_CHECK), if shared.closing.load(Ordering::Acquire) => {}
         }
     }
     shared.cq.ack_events();
@@ -235,7 +240,13 @@ fn finished(shared: &Shared, reaped: &mut Vec<super::shared::QpEntry>) -> bool {
         return false;
     }
     let mut st = shared.lock();
-    st.reap_closed(reaped);
+    // Shutting down, the async-event task stops too: no last-WQE event will be read, so
+    // queue pairs on a shared receive queue do not wait for one (whose bound is for numbers
+    // reused while the driver lives).
+    st.reap_closed(
+        reaped,
+        std::time::Instant::now() + super::shared::LAST_WQE_WAIT,
+    );
     let idle = st.qps.iter().all(Option::is_none);
     drop(st);
     shared.release(reaped);

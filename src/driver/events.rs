@@ -87,6 +87,10 @@ pub(crate) async fn run(ctx: Context, shared: Weak<Shared>) {
 }
 
 fn dispatch(shared: &Arc<Shared>, ev: &AsyncEvent) {
+    if ev.is_last_wqe_reached() {
+        last_wqe_reached(shared, ev);
+        return;
+    }
     if !ev.is_fatal() {
         if let EventElement::Srq(_) = ev.element {
             // SRQ_LIMIT_REACHED: its owner refills and re-arms.
@@ -136,4 +140,38 @@ fn dispatch(shared: &Arc<Shared>, ev: &AsyncEvent) {
     }
     wake.run();
     shared.notify.notify_one();
+}
+
+/// `IBV_EVENT_QP_LAST_WQE_REACHED`: the queue pair (in the error state, on a shared receive
+/// queue) takes no more receives from the queue and has none still to complete: once closing,
+/// it may be destroyed and its number reused (`State::reap_closed`).
+fn last_wqe_reached(shared: &Arc<Shared>, ev: &AsyncEvent) {
+    let EventElement::Qp(qpn) = ev.element else {
+        return;
+    };
+    let found = {
+        let mut st = shared.lock();
+        let key = st.by_qpn.get(&qpn).copied();
+        match key.and_then(|k| st.entry_mut(k)) {
+            Some(e) => {
+                e.last_wqe = true;
+                true
+            }
+            None => false,
+        }
+    };
+    if found {
+        debug!(qpn, "last WQE reached");
+        shared
+            .counters
+            .last_wqe_reached
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The completion task reaps it if it is closing.
+        shared.notify.notify_one();
+    } else {
+        debug!(
+            qpn,
+            "last WQE reached for a queue pair this driver does not have"
+        );
+    }
 }

@@ -196,6 +196,13 @@ pub struct DriverStats {
     /// Queue pairs registered with the driver, closing ones included (a dropped queue pair
     /// leaves once the device can produce no more completions for it).
     pub queue_pairs: u64,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` events for this driver's queue pairs on a shared
+    /// receive queue (one closing is destroyed only after its event, or see
+    /// [`last_wqe_timeouts`](Self::last_wqe_timeouts)).
+    pub last_wqe_reached: u64,
+    /// Queue pairs on a shared receive queue destroyed without that event, 2 s after they
+    /// started closing (a provider that does not send it: soft-RoCE before Linux 6.5).
+    pub last_wqe_timeouts: u64,
 }
 
 /// A completion queue with its machinery: the completion task and the async-event task. Cheap
@@ -387,6 +394,8 @@ impl Driver {
             unknown: c.unknown.load(Ordering::Relaxed),
             polled_in_place: c.polled_in_place.load(Ordering::Relaxed),
             arms: c.arms.load(Ordering::Relaxed),
+            last_wqe_reached: c.last_wqe_reached.load(Ordering::Relaxed),
+            last_wqe_timeouts: c.last_wqe_timeouts.load(Ordering::Relaxed),
             ops_in_table: ops,
             queue_pairs: qps,
         }

@@ -5,18 +5,19 @@ use std::sync::atomic::Ordering;
 
 use tracing::warn;
 
-use super::shared::{Shared, State};
+use super::shared::{Deferred, Shared, State};
 use crate::error::Error;
 use crate::proto::{PostItem, QpKey, Queue};
-use crate::verbs::{QueuePair, RecvWr, SendOp, SendWr};
+use crate::verbs::{QueuePair, RecvWr, SendWr};
 
 /// Requests chained per doorbell (a longer batch rings several; built on the stack, as the
 /// verbs layer chains up to the same number without allocating).
 const CHAIN: usize = crate::verbs::STACK_CHAIN;
 
 /// Posts everything of `qp` that fits, as chained lists. A failed post fails the queue pair
-/// (and moves it to the error state so its posted requests get flushed).
-pub(crate) fn post(st: &mut State, shared: &Shared, qp: QpKey) {
+/// (and has `wake` move it to the error state once the lock is released, so its posted
+/// requests get flushed).
+pub(crate) fn post(st: &mut State, shared: &Shared, qp: QpKey, wake: &mut Deferred) {
     let mut posts = std::mem::take(&mut st.posts);
     posts.clear();
     st.core.take_postable(qp, &mut posts);
@@ -45,17 +46,11 @@ pub(crate) fn post(st: &mut State, shared: &Shared, qp: QpKey) {
             st.core.post_failed(qp, &ids, errno, &mut st.out);
             if st.core.has_posted_sends(qp) {
                 // Sends posted before the failure may have executed unsignaled: move the QP to
-                // ERR, then post a signaled drain marker whose flush retires all of them.
-                st.apply_failures();
+                // ERR, then post a signaled drain marker whose flush retires all of them (both
+                // after the lock is released; the marker counts as posted from now on, so the
+                // key stays until its flush).
                 let wr_id = st.core.drain_marker(qp);
-                let marker = [SendWr::new(wr_id, SendOp::Send, &[])];
-                // SAFETY: a zero-length send names no memory.
-                let posted = unsafe { handle.post_send(&marker) };
-                if let Err(e) = posted {
-                    // Releasing the buffers could let the device write freed memory: keep
-                    // them parked (leaked) rather than risk it.
-                    tracing::error!(error = %e, "posting the drain marker failed; the queue pair's earlier sends stay parked");
-                }
+                wake.move_to_error(&handle, Some(wr_id));
             }
         }
         shared
@@ -68,7 +63,7 @@ pub(crate) fn post(st: &mut State, shared: &Shared, qp: QpKey) {
             .fetch_add(rdb + sdb, Ordering::Relaxed);
     }
     st.posts = posts;
-    st.apply_failures();
+    st.apply_failures(wake);
 }
 
 /// Posts `items` in chains of up to [`CHAIN`]; returns the doorbells rung, or the index of

@@ -86,6 +86,8 @@ impl AsyncQp {
                 closing: false,
                 cq_need,
                 sink: None,
+                last_wqe: false,
+                closing_since: None,
             });
             key
         };
@@ -239,6 +241,7 @@ impl Drop for AsyncQp {
             st.fail(self.key, QpFailure::Closed, &mut wake);
             if let Some(e) = st.entry_mut(self.key) {
                 e.closing = true;
+                e.closing_since = Some(std::time::Instant::now());
                 // The sink (a connection) owns this handle; break the cycle.
                 e.sink = None;
             }
@@ -276,3 +279,7 @@ impl Drop for Closer<'_> {
         self.0.closers.fetch_sub(1, Ordering::AcqRel);
     }
 }
+
+#[cfg(test)]
+#[path = "qp_tests.rs"]
+mod tests;

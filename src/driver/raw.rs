@@ -144,7 +144,7 @@ impl<B: Send + 'static> RawOp<B> {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                post::post(&mut st, shared, cfg.qp);
+                post::post(&mut st, shared, cfg.qp, &mut wake);
                 wake.take_from(&mut st.out);
                 posted_under = Some(st);
                 (wr_id, buf, true)
@@ -157,7 +157,7 @@ impl<B: Send + 'static> RawOp<B> {
         };
         let mut st = posted_under.unwrap_or_else(|| shared.lock());
         if !flushed {
-            post::post(&mut st, shared, cfg.qp);
+            post::post(&mut st, shared, cfg.qp, &mut wake);
             wake.take_from(&mut st.out);
         }
         let mut res = st.core.poll_result(wr_id, None);

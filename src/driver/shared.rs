@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
+use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 use tokio::sync::Notify;
@@ -23,7 +24,7 @@ use super::spinners::Spinners;
 use super::wait::Latency;
 use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
-use crate::verbs::{CompletionQueue, QueuePair, WcBatch};
+use crate::verbs::{CompletionQueue, QueuePair, SendOp, SendWr, WcBatch};
 
 /// How many times a waiting future polls the CQ in place, in busy mode, before it returns
 /// `Pending` (waking itself) so the runtime can run other tasks: a slice of a few microseconds
@@ -92,7 +93,18 @@ pub(crate) struct QpEntry {
     pub(crate) cq_need: u64,
     /// The owner of its sink-routed requests, if any.
     pub(crate) sink: Option<Arc<dyn Sink>>,
+    /// On a shared receive queue: `IBV_EVENT_QP_LAST_WQE_REACHED` arrived (it takes no more
+    /// receives from the queue, and none it took is still to complete).
+    pub(crate) last_wqe: bool,
+    /// When it started closing (the bound on waiting for the last-WQE event).
+    pub(crate) closing_since: Option<Instant>,
 }
+
+/// How long a closing queue pair on a shared receive queue waits for
+/// `IBV_EVENT_QP_LAST_WQE_REACHED` before it is destroyed anyway (a provider that never sends
+/// the event: soft-RoCE before Linux 6.5; or the event was read by another driver on the same
+/// device context). Counted in `DriverStats::last_wqe_timeouts`.
+pub(crate) const LAST_WQE_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
 pub(crate) struct State {
@@ -121,6 +133,8 @@ pub(crate) struct Counters {
     pub(crate) unknown: AtomicU64,
     pub(crate) polled_in_place: AtomicU64,
     pub(crate) arms: AtomicU64,
+    pub(crate) last_wqe_reached: AtomicU64,
+    pub(crate) last_wqe_timeouts: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -157,10 +171,12 @@ pub(crate) struct Shared {
     pub(crate) srq_limit: Arc<Notify>,
 }
 
-/// What must happen once the driver's lock is released: wakers to wake, buffers to drop, and
-/// sinks whose owners have memory to release ([`Sink::after_unlock`]). Nothing foreign (a
-/// waker's wake, a payload's or application buffer's drop) runs under the lock: a drop may
-/// release the last handle of a queue pair of this very driver, which takes the lock.
+/// What must happen once the driver's lock is released: queue pairs to move to the error
+/// state, wakers to wake, buffers to drop, and sinks whose owners have memory to release
+/// ([`Sink::after_unlock`]). Nothing foreign (a waker's wake, a payload's or application
+/// buffer's drop) runs under the lock: a drop may release the last handle of a queue pair of
+/// this very driver, which takes the lock. Nor does `ibv_modify_qp`: a system call that
+/// waits for the kernel's queue-pair lock, while every future of the CQ waits for ours.
 ///
 /// Holds up to 32 wakers without allocating; more spill to the heap.
 #[derive(Debug, Default)]
@@ -172,6 +188,24 @@ pub(crate) struct Deferred {
     /// Inline up to 4 (a poll rarely applies completions of more queue pairs whose owners
     /// have memory to release): no allocation on the data path.
     sinks: SmallVec<[Arc<dyn Sink>; 4]>,
+    /// Failed queue pairs to move to ERR, each once, in the order they failed.
+    to_error: Vec<ToError>,
+}
+
+/// A failed queue pair to move to the error state after the lock is released, so the device
+/// flushes what is posted on it.
+///
+/// Ordering: the core recorded the failure under the lock first (new requests fail fast, and
+/// the queue pair's key stays registered while anything is posted: only the flushes, which
+/// come after this move, let it go), and the handle here keeps the queue pair itself alive
+/// until it has moved. A drain marker, if any, is posted right after the move, so it is
+/// flushed, never executed.
+#[derive(Debug)]
+struct ToError {
+    qp: QueuePair,
+    /// A zero-length signaled send whose flush retires the sends before it (see `post`); its
+    /// `wr_id` is already in the core's send ring.
+    marker: Option<u64>,
 }
 
 impl Deferred {
@@ -186,6 +220,24 @@ impl Deferred {
         }
     }
 
+    /// Moves `qp` to the error state once the lock is released (once, however often it is
+    /// asked), then posts the drain marker `marker` if given.
+    pub(crate) fn move_to_error(&mut self, qp: &QueuePair, marker: Option<u64>) {
+        match self.to_error.iter_mut().find(|t| t.qp.qpn() == qp.qpn()) {
+            Some(t) => t.marker = t.marker.or(marker),
+            None => self.to_error.push(ToError {
+                qp: qp.clone(),
+                marker,
+            }),
+        }
+    }
+
+    /// Queue pairs waiting to be moved to ERR.
+    #[cfg(test)]
+    pub(crate) fn pending_errors(&self) -> usize {
+        self.to_error.len()
+    }
+
     /// Moves what `out` collected (wakers, released payloads) in here.
     pub(crate) fn take_from(&mut self, out: &mut Completed<Payload>) {
         for w in out.wakers.drain(..) {
@@ -196,10 +248,16 @@ impl Deferred {
         }
     }
 
-    /// Wakes and drops. Call without the lock.
+    /// Moves queue pairs to ERR, wakes and drops. Call without the lock.
     pub(crate) fn run(&mut self) {
         // Each list is looked at only if it holds something: most runs have nothing to do,
         // and a drain's setup and drop cost instructions on every poll.
+        if !self.to_error.is_empty() {
+            // First, so the flushes are under way before anyone woken below waits for them.
+            for t in self.to_error.drain(..) {
+                t.run();
+            }
+        }
         if !self.wakers.is_empty() {
             for w in self.wakers.drain(..) {
                 w.wake();
@@ -212,6 +270,24 @@ impl Deferred {
             for s in self.sinks.drain(..) {
                 s.after_unlock();
             }
+        }
+    }
+}
+
+impl ToError {
+    fn run(self) {
+        if let Err(err) = self.qp.to_error() {
+            warn!(qpn = self.qp.qpn(), error = %err, "moving a failed queue pair to ERR");
+        }
+        let Some(wr_id) = self.marker else {
+            return;
+        };
+        let marker = [SendWr::new(wr_id, SendOp::Send, &[])];
+        // SAFETY: a zero-length send names no memory.
+        if let Err(e) = unsafe { self.qp.post_send(&marker) } {
+            // Releasing the buffers could let the device write freed memory: keep them
+            // parked (leaked) rather than risk it.
+            tracing::error!(error = %e, "posting the drain marker failed; the queue pair's earlier sends stay parked");
         }
     }
 }
@@ -354,11 +430,11 @@ impl Shared {
             // Keep the list's memory: `post` does not add to it.
             let mut postable = std::mem::take(&mut st.out.postable);
             for qp in postable.drain(..) {
-                post::post(st, self, qp);
+                post::post(st, self, qp, wake);
             }
             st.out.postable = postable;
         }
-        st.apply_failures();
+        st.apply_failures(wake);
         if st.out.unknown > 0 {
             warn!(
                 count = st.out.unknown,
@@ -383,7 +459,12 @@ impl Shared {
                 let n = self.poll_cq(&mut st, &mut wake);
                 let full = n == st.batch.capacity();
                 if self.closing.load(Ordering::Acquire) {
-                    st.reap_closed(reaped);
+                    let timeouts = st.reap_closed(reaped, Instant::now());
+                    if timeouts > 0 {
+                        self.counters
+                            .last_wqe_timeouts
+                            .fetch_add(timeouts, Ordering::Relaxed);
+                    }
                     if !st.qps.iter().flatten().any(|e| e.closing) {
                         self.closing.store(false, Ordering::Release);
                     }
@@ -490,24 +571,24 @@ impl Shared {
 }
 
 impl State {
-    /// Moves newly failed queue pairs to the error state (so the device flushes them).
-    pub(crate) fn apply_failures(&mut self) {
+    /// Has `wake` move newly failed queue pairs to the error state (so the device flushes
+    /// them) once the lock is released.
+    pub(crate) fn apply_failures(&mut self, wake: &mut Deferred) {
         let mut failed = std::mem::take(&mut self.out.failed);
         for qp in failed.drain(..) {
             if let Some(e) = self.entry(qp) {
-                if let Err(err) = e.qp.to_error() {
-                    warn!(qpn = e.qp.qpn(), error = %err, "moving a failed queue pair to ERR");
-                }
+                wake.move_to_error(&e.qp, None);
             }
         }
         // Keep the list's memory.
         self.out.failed = failed;
     }
 
-    /// Fails `qp` with `cause` and moves it to ERR; the wakers go to `wake`.
+    /// Fails `qp` with `cause`; `wake` moves it to ERR (after the lock is released) and
+    /// takes the wakers.
     pub(crate) fn fail(&mut self, qp: QpKey, cause: QpFailure, wake: &mut Deferred) {
         self.core.fail_qp(qp, cause, &mut self.out);
-        self.apply_failures();
+        self.apply_failures(wake);
         wake.take_from(&mut self.out);
     }
 
@@ -529,14 +610,35 @@ impl State {
     }
 
     /// Removes closing queue pairs with nothing left in flight (destroying the QP happens when
-    /// the returned handles are dropped, outside the lock).
-    pub(crate) fn reap_closed(&mut self, reaped: &mut Vec<QpEntry>) {
+    /// the returned handles are dropped, outside the lock). A queue pair on a shared receive
+    /// queue also waits for `IBV_EVENT_QP_LAST_WQE_REACHED`, up to [`LAST_WQE_WAIT`] after it
+    /// started closing: until then its number stays mapped to it, so a receive it took from
+    /// the queue completes to its key (the buffer goes back to the queue), and the number is
+    /// not given to a new queue pair that could take the old peer's bytes. Returns how many
+    /// were destroyed without the event (the bound passed).
+    pub(crate) fn reap_closed(&mut self, reaped: &mut Vec<QpEntry>, now: Instant) -> u64 {
+        let mut timeouts = 0;
         for i in 0..self.qps.len() {
-            let key = match &self.qps[i] {
-                Some(e) if e.closing => e.key,
+            let (key, waited_out) = match &self.qps[i] {
+                Some(e) if e.closing => {
+                    let waiting = e.qp.srq().is_some() && !e.last_wqe;
+                    let since = e.closing_since.unwrap_or(now);
+                    if waiting && now.duration_since(since) < LAST_WQE_WAIT {
+                        continue;
+                    }
+                    (e.key, waiting)
+                }
                 _ => continue,
             };
             if self.core.posted(key) == 0 && self.core.remove_qp(key) {
+                if waited_out {
+                    timeouts += 1;
+                    warn!(
+                        qpn = self.qps[i].as_ref().map(|e| e.qp.qpn()),
+                        "no IBV_EVENT_QP_LAST_WQE_REACHED within {LAST_WQE_WAIT:?} of closing a \
+                         queue pair on the shared receive queue: destroyed without it"
+                    );
+                }
                 if let Some(e) = self.qps[i].take() {
                     if self.by_qpn.get(&e.qp.qpn()) == Some(&e.key) {
                         self.by_qpn.remove(&e.qp.qpn());
@@ -545,5 +647,6 @@ impl State {
                 }
             }
         }
+        timeouts
     }
 }

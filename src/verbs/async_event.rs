@@ -46,6 +46,17 @@ impl AsyncEvent {
     /// their retry budget; those whose peer stays unreachable fail by their own retries or
     /// keepalive (docs/faults.md).
     pub fn is_fatal(&self) -> bool {
+        self.is_fatal_raw()
+    }
+
+    /// Whether this is `IBV_EVENT_QP_LAST_WQE_REACHED`: a queue pair on a shared receive
+    /// queue, in the error state, will take no more receives from that queue and has no
+    /// completion of one still to come.
+    pub fn is_last_wqe_reached(&self) -> bool {
+        self.raw == sys::IBV_EVENT_QP_LAST_WQE_REACHED
+    }
+
+    fn is_fatal_raw(&self) -> bool {
         matches!(
             self.raw,
             sys::IBV_EVENT_QP_FATAL

@@ -305,8 +305,10 @@ impl CmIdKey {
 /// Dropping the id destroys it (`rdma_destroy_id`), which tears the connection down if it is
 /// still up. The destruction waits, in the kernel, for the id's callbacks and for the
 /// acknowledgement of the id's events that were read: every event is acknowledged as it is
-/// read ([`EventChannel::get_event`]), so this never waits on this crate, but in async code
-/// drop ids off the executor (e.g. `spawn_blocking`) as the call may sleep briefly.
+/// read ([`EventChannel::get_event`]), so this never waits on this crate. The call may sleep:
+/// dropped inside a Tokio runtime, the id is destroyed on the runtime's blocking pool
+/// (`spawn_blocking`), so the drop itself returns at once and the destruction follows shortly
+/// after; outside a runtime it is destroyed before the drop returns.
 pub struct CmId {
     id: NonNull<sys::rdma_cm_id>,
     channel: EventChannel,
@@ -831,9 +833,39 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
-        // No librdmacm QP is attached and every event read was acked, so this does not wait on
-        // us; the channel outlives it (we hold a clone until after this call).
-        // SAFETY: the id is owned and destroyed exactly once, here.
+        let doomed = Doomed {
+            id: self.id,
+            _channel: self.channel.clone(),
+        };
+        // `rdma_destroy_id` may sleep (a connected id's teardown, the kernel waiting for the
+        // id's callbacks): inside a Tokio runtime it runs on the blocking pool, not on the
+        // worker thread that dropped the id. The id is unreachable from here on (this handle
+        // was its only owner), so nothing uses it while the destruction is pending.
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || drop(doomed))),
+            Err(_) => drop(doomed),
+        }
+    }
+}
+
+/// A CM id on its way to `rdma_destroy_id`, with its channel (which must outlive it).
+/// Destroyed on drop: run by the blocking pool, or dropped unrun by a runtime shutting down.
+struct Doomed {
+    id: NonNull<sys::rdma_cm_id>,
+    _channel: EventChannel,
+}
+
+// SAFETY: only `rdma_destroy_id` is called on the id, once, from whichever thread drops this;
+// librdmacm's id calls are thread-safe (see `CmId`'s `Send`).
+unsafe impl Send for Doomed {}
+
+impl Drop for Doomed {
+    fn drop(&mut self) {
+        // Taken from the `CmId` that owned the id, which is gone. No librdmacm QP is attached
+        // (ours are separate objects) and every event read was acknowledged as it was read, so
+        // this does not wait on us; the channel outlives the call (its clone is a field,
+        // dropped after this body).
+        // SAFETY: the id is owned by this value alone and destroyed exactly once, here.
         let rc = unsafe { sys::rdma_destroy_id(self.id.as_ptr()) };
         if rc != 0 {
             tracing::warn!(error = %io::Error::last_os_error(), "rdma_destroy_id failed");

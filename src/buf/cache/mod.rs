@@ -232,6 +232,8 @@ struct State {
     failures: u64,
     evictions: u64,
     invalidations: u64,
+    /// Bumped by every invalidation: a miss registering meanwhile does not cache its range.
+    epoch: u64,
 }
 
 /// A registration cache for user memory. Cheap to clone (shared state). See the
@@ -324,13 +326,11 @@ impl RegCache {
             .ok_or_else(|| {
                 Error::InvalidArgument(format!("cannot register {len} bytes at {ptr:p}"))
             })?;
-        let mut st = self.lock();
-        if let Some(reg) = st.index.covering(start, end) {
-            let reg = reg.clone();
-            st.hits += 1;
-            return Ok(MrLease { reg });
+        if let Some(lease) = self.hit(start, end) {
+            return Ok(lease);
         }
-        st.misses += 1;
+        // A miss reads `/proc/self/maps` and registers (pinning every page) WITHOUT the
+        // cache's lock: lookups of other threads (hits above all) go on meanwhile.
         let page = BASE_PAGE_SIZE as u64;
         let pg = (start & !(page - 1), end.div_ceil(page) * page);
         let mapping = vma::find(pg.0, pg.1);
@@ -341,37 +341,56 @@ impl RegCache {
                 want = (m.range.start, m.range.end);
             }
         }
-        // Merge with the cached ranges it overlaps or touches, if they have the same access.
-        let merge: Vec<u64> = st
-            .index
-            .touching(want.0, want.1, true)
-            .into_iter()
-            .filter(|s| st.index.get(*s).is_some_and(|c| c.writable == writable))
-            .collect();
-        let merged = st.index.span(want.0, want.1, &merge);
-        let mut candidates = vec![merged];
-        if merged != pg {
-            candidates.push(pg);
-        }
+        let (candidates, epoch) = {
+            let mut st = self.lock();
+            // Re-checked: another thread may have registered the range meanwhile.
+            if let Some(reg) = st.index.covering(start, end) {
+                let reg = reg.clone();
+                st.hits += 1;
+                return Ok(MrLease { reg });
+            }
+            st.misses += 1;
+            // Merge with the cached ranges it overlaps or touches, if they have the same access.
+            let merge: Vec<u64> = st
+                .index
+                .touching(want.0, want.1, true)
+                .into_iter()
+                .filter(|s| st.index.get(*s).is_some_and(|c| c.writable == writable))
+                .collect();
+            let merged = st.index.span(want.0, want.1, &merge);
+            let mut candidates = vec![merged];
+            if merged != pg {
+                candidates.push(pg);
+            }
+            (candidates, st.epoch)
+        };
         let mut last_err = None;
         for (s, e) in candidates {
             match self.register(s, e, writable) {
                 Ok(reg) => {
+                    let mut dropped = Vec::new();
+                    let mut st = self.lock();
                     st.registrations += 1;
-                    // Drop what the new range replaces (leases keep those regions alive).
-                    for k in st.index.touching(s, e, false) {
-                        st.index.remove(k);
+                    if st.epoch != epoch {
+                        // An invalidation ran while this registered: the range it removed
+                        // may be in this one (and about to be unmapped). Leased, not cached.
+                        return Ok(MrLease { reg });
                     }
-                    for k in merge.iter().filter(|&&k| k >= s && k < e) {
-                        st.index.remove(*k);
+                    // Drop what the new range replaces (leases keep those regions alive), after
+                    // the lock: the last handle of a region deregisters it.
+                    for k in st.index.touching(s, e, false) {
+                        dropped.extend(st.index.remove(k));
                     }
                     st.index.insert(s, e, reg.clone());
                     while st.index.bytes() > self.inner.config.max_bytes {
-                        if st.index.pop_lru_except(s).is_none() {
-                            break;
+                        match st.index.pop_lru_except(s) {
+                            Some((_, _, r)) => dropped.push((0, r)),
+                            None => break,
                         }
                         st.evictions += 1;
                     }
+                    drop(st);
+                    drop(dropped);
                     return Ok(MrLease { reg });
                 }
                 Err(err) => {
@@ -380,8 +399,25 @@ impl RegCache {
                 }
             }
         }
-        st.failures += 1;
+        self.lock().failures += 1;
         Err(last_err.expect("at least one candidate"))
+    }
+
+    /// A lease on a cached registration covering `len` bytes at `ptr`, if there is one: the
+    /// non-blocking half of [`lookup_or_register`](Self::lookup_or_register) (a miss is not
+    /// counted; the caller goes on with `lookup_or_register`, off the runtime if it can).
+    pub(crate) fn cached(&self, ptr: *const u8, len: usize) -> Option<MrLease> {
+        let start = ptr as u64;
+        let end = start.checked_add(len as u64).filter(|_| len > 0)?;
+        self.hit(start, end)
+    }
+
+    /// A lease on a cached registration covering `start..end`, if there is one (a hit).
+    fn hit(&self, start: u64, end: u64) -> Option<MrLease> {
+        let mut st = self.lock();
+        let reg = st.index.covering(start, end)?.clone();
+        st.hits += 1;
+        Some(MrLease { reg })
     }
 
     fn register(&self, start: u64, end: u64, writable: bool) -> Result<Arc<Cached>> {
@@ -423,6 +459,7 @@ impl RegCache {
             st.index.remove(*k);
         }
         st.invalidations += keys.len() as u64;
+        st.epoch += 1;
         keys.len()
     }
 
@@ -434,6 +471,7 @@ impl RegCache {
             st.index.remove(*k);
         }
         st.invalidations += keys.len() as u64;
+        st.epoch += 1;
     }
 
     /// A snapshot of the cache's counters.

@@ -186,3 +186,110 @@ fn read_only_memory_is_registered_for_local_reads() {
             .is_writable()
     );
 }
+
+/// A registrar that holds registrations longer than a page until released.
+#[derive(Debug, Default)]
+struct Gated {
+    inner: FakeRegistrar,
+    entered: Arc<std::sync::atomic::AtomicBool>,
+    release: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Registrar for Gated {
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Box<dyn Registration>> {
+        if len > PAGE {
+            self.entered.store(true, SeqCst);
+            while !self.release.load(SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.register(addr, len, access) }
+    }
+}
+
+/// Starts a lookup of 4 pages at `at` on a thread and returns once its registration is under
+/// way (held by the gate).
+fn blocked_miss(c: &RegCache, g: &Gated, at: usize) -> std::thread::JoinHandle<Result<MrLease>> {
+    let c2 = c.clone();
+    let t = std::thread::spawn(move || c2.lookup_or_register(at as *const u8, 4 * PAGE));
+    while !g.entered.load(SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    t
+}
+
+fn gated() -> (Gated, Gated) {
+    let g = Gated::default();
+    let view = Gated {
+        inner: FakeRegistrar::default(),
+        entered: g.entered.clone(),
+        release: g.release.clone(),
+    };
+    (g, view)
+}
+
+/// A miss registers (and reads `/proc/self/maps`) without the cache's lock: a hit on another
+/// thread is served while a slow registration is under way. At 61ac8ac the hit waited for it
+/// (the whole miss path ran under the lock).
+#[test]
+fn a_hit_is_not_held_up_by_a_slow_miss() {
+    let (g, view) = gated();
+    let c = cache_of(g);
+    let m = pages(16);
+    let p = |i: usize| m.as_ptr().wrapping_add(i * PAGE).cast_const();
+    let held = c.lookup_or_register(p(12), PAGE).unwrap(); // cached (one page: not gated)
+    let slow = blocked_miss(&c, &view, p(0) as usize);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c2 = c.clone();
+    let at = p(12) as usize;
+    std::thread::spawn(move || {
+        let _ = tx.send(
+            c2.lookup_or_register(at as *const u8, 100)
+                .map(|l| l.lkey()),
+        );
+    });
+    let hit = rx.recv_timeout(std::time::Duration::from_secs(5));
+    view.release.store(true, SeqCst);
+    slow.join().unwrap().unwrap();
+    let hit = hit.expect("a hit waited for another thread's registration");
+    assert_eq!(hit.unwrap(), held.lkey());
+    let mt = c.metrics();
+    assert_eq!((mt.hits, mt.misses, mt.entries), (1, 2, 2));
+}
+
+/// An invalidation that runs while a miss registers keeps that registration out of the cache
+/// (its range may be what is about to be unmapped); the lookup still gets its lease.
+#[test]
+fn an_invalidation_during_a_miss_keeps_it_uncached() {
+    let (g, view) = gated();
+    let c = cache_of(g);
+    let m = pages(8);
+    let slow = blocked_miss(&c, &view, m.as_ptr() as usize);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (c2, at) = (c.clone(), m.as_ptr() as usize);
+    std::thread::spawn(move || {
+        let _ = tx.send(c2.invalidate(at as *const u8, 4 * PAGE));
+    });
+    let removed = rx.recv_timeout(std::time::Duration::from_secs(5));
+    view.release.store(true, SeqCst);
+    assert_eq!(
+        removed,
+        Ok(0),
+        "the invalidation ran at once, nothing cached yet"
+    );
+    let lease = slow.join().unwrap().unwrap();
+    assert!(lease.covers(m.as_ptr(), 4 * PAGE));
+    let mt = c.metrics();
+    assert_eq!((mt.registrations, mt.entries), (1, 0));
+}
+
+fn cache_of(g: Gated) -> RegCache {
+    // SAFETY: the tests keep the memory they look up mapped for the cache's lifetime.
+    unsafe { RegCache::new(g, CacheConfig::default()) }
+}
