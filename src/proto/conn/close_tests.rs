@@ -423,17 +423,10 @@ fn clean_closes_are_ok_on_both_sides_whatever_acknowledgements_are_lost() {
     let mut failures_after_eos = 0;
     for seed in 0..2000u64 {
         let pattern = patterns[(seed % 4) as usize];
-        let mut sim = Sim::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xc105e, pattern);
-        let mut steps = 0;
-        while !(sim.ends[0].torn_down && sim.ends[1].torn_down) {
-            sim.step();
-            steps += 1;
-            assert!(
-                steps < 200_000,
-                "no teardown (seed {seed}): {}",
-                sim.describe()
-            );
-        }
+        let mut sim = run_sim_to_teardown(
+            seed,
+            Sim::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xc105e, pattern),
+        );
         // The applications read what arrived before the teardown.
         sim.app(0);
         sim.app(1);
@@ -530,7 +523,14 @@ fn a_lost_acknowledgement_after_both_ends_of_stream_is_no_loss() {
 
 /// Runs a whole exchange and close of `pattern` until both sides tore down.
 fn run_to_teardown(seed: u64, pattern: Pattern) -> Sim {
-    let mut sim = Sim::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0xf1a5, pattern);
+    run_sim_to_teardown(
+        seed,
+        Sim::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0xf1a5, pattern),
+    )
+}
+
+/// Steps `sim` until both sides tore down (bounded: a stuck exchange fails the test).
+fn run_sim_to_teardown(seed: u64, mut sim: Sim) -> Sim {
     let mut steps = 0;
     while !(sim.ends[0].torn_down && sim.ends[1].torn_down) {
         sim.step();
