@@ -529,6 +529,19 @@ fn run_to_teardown(seed: u64, pattern: Pattern) -> Sim {
     )
 }
 
+/// `rounds` rounds of delivering and acknowledging everything in flight both ways, each
+/// side's driver run after the other's deliveries (no clock advance).
+fn exchange(sim: &mut Sim, rounds: usize) {
+    for _ in 0..rounds {
+        sim.deliver(0);
+        sim.ack(0);
+        sim.drive(1);
+        sim.deliver(1);
+        sim.ack(1);
+        sim.drive(0);
+    }
+}
+
 /// Steps `sim` until both sides tore down (bounded: a stuck exchange fails the test).
 fn run_sim_to_teardown(seed: u64, mut sim: Sim) -> Sim {
     let mut steps = 0;
@@ -589,14 +602,7 @@ fn a_full_close_waits_for_the_peers_end_of_stream_at_most_the_keepalive_timeout(
     sim.app(0);
     assert!(sim.ends[0].closed);
     sim.drive(0);
-    for _ in 0..50 {
-        sim.deliver(0);
-        sim.ack(0);
-        sim.drive(1);
-        sim.deliver(1);
-        sim.ack(1);
-        sim.drive(0);
-    }
+    exchange(&mut sim, 50);
     let t0 = sim.now;
     let e = &mut sim.ends[0];
     assert!(e.proto.close_done, "side 0's Close delivered");
@@ -641,14 +647,7 @@ fn a_full_close_disconnects_once_the_peers_late_end_of_stream_is_confirmed() {
     sim.ends[1].to_send = 0;
     sim.app(0);
     sim.drive(0);
-    for _ in 0..50 {
-        sim.deliver(0);
-        sim.ack(0);
-        sim.drive(1);
-        sim.deliver(1);
-        sim.ack(1);
-        sim.drive(0);
-    }
+    exchange(&mut sim, 50);
     assert!(sim.ends[0].proto.close_done && !sim.ends[0].torn_down);
     // Side 1 closes 4 s later (within the limit): its Close reaches a live queue pair.
     sim.now += Duration::from_secs(4);
