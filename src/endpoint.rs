@@ -6,6 +6,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::conn::memory::{MemoryBudget, Reservation};
@@ -240,6 +241,11 @@ struct Inner {
     opts: EndpointOptions,
     srq: Option<Arc<SharedRecv>>,
     memory: Arc<MemoryBudget>,
+    /// The id of the next connection made or accepted here ([`Connection::id`]).
+    next_conn_id: AtomicU64,
+    /// The live connections, for the metrics exporter.
+    #[cfg(feature = "metrics")]
+    conns: Arc<crate::conn::observe::Registry>,
 }
 
 impl Endpoint {
@@ -324,6 +330,9 @@ impl Endpoint {
                 memory: MemoryBudget::new(opts.memory_budget),
                 opts,
                 srq,
+                next_conn_id: AtomicU64::new(1),
+                #[cfg(feature = "metrics")]
+                conns: Arc::default(),
             }),
         })
     }
@@ -484,6 +493,23 @@ impl Endpoint {
         self.inner.memory.reserve(bytes)
     }
 
+    /// The next connection id (from 1).
+    pub(crate) fn next_connection_id(&self) -> u64 {
+        self.inner.next_conn_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The registry of the endpoint's live connections.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn conn_registry(&self) -> &Arc<crate::conn::observe::Registry> {
+        &self.inner.conns
+    }
+
+    /// A handle that does not keep the endpoint open.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn downgrade(&self) -> WeakEndpoint {
+        WeakEndpoint(Arc::downgrade(&self.inner))
+    }
+
     pub(crate) fn shared_recv(&self) -> Option<&Arc<SharedRecv>> {
         self.inner.srq.as_ref()
     }
@@ -542,6 +568,18 @@ impl Endpoint {
     /// Whether `other` is a context of this endpoint's device (the same librdmacm context).
     pub(crate) fn owns(&self, other: &Context) -> bool {
         self.inner.cm_ctx.as_ptr() == other.as_ptr()
+    }
+}
+
+/// An [`Endpoint`] that does not keep it open (the metrics exporter's).
+#[cfg(feature = "metrics")]
+pub(crate) struct WeakEndpoint(std::sync::Weak<Inner>);
+
+#[cfg(feature = "metrics")]
+impl WeakEndpoint {
+    /// The endpoint, if a handle of it is still open.
+    pub(crate) fn upgrade(&self) -> Option<Endpoint> {
+        self.0.upgrade().map(|inner| Endpoint { inner })
     }
 }
 

@@ -58,12 +58,15 @@
 //! `driver` on `proto`; `ops` on `driver` and `buf`; `conn` and `Endpoint` on top.
 //!
 //! Device tests run on soft-RoCE (`rdma_rxe`) in a QEMU VM: see `docs/testing.md`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod buf;
 pub mod conn;
 pub mod driver;
 mod endpoint;
 mod error;
+#[cfg(feature = "metrics")]
+mod metrics_export;
 pub mod ops;
 // The sans-IO core is private; the micro-benchmarks (`bench-internals`) and the fuzz targets
 // (`fuzz-internals`, fuzz/) reach it through a hidden module, never through the normal API.
@@ -78,3 +81,6 @@ pub mod verbs;
 
 pub use endpoint::{DEFAULT_MEMORY_BUDGET, Endpoint, EndpointOptions, MemoryStats};
 pub use error::{Error, ProtocolError, QpFailure, Result, WcStatus};
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use metrics_export::MetricsExporter;

@@ -9,12 +9,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
-use tracing::{Instrument, debug, info_span};
+use tracing::{Instrument, debug};
 
 use super::driver;
 use super::handshake::{Flags, Negotiated};
 use super::io::{ConnIo, IoConfig};
 use super::memory::Reservation;
+use super::observe::{self, ClosedBy, Observed};
 use super::options::ConnectOptions;
 use super::raw::RawConnection;
 use super::setup;
@@ -183,15 +184,15 @@ impl Connection {
         addr: SocketAddr,
         opts: ConnectOptions,
     ) -> Result<Connection> {
-        let span = info_span!("conn", peer = %addr, side = "client");
+        let span = observe::conn_span(Some(addr), "client");
         let timeout = opts.connect_timeout;
         let choice = match endpoint {
             Some(ep) => setup::EndpointChoice::Given(ep),
             None => setup::EndpointChoice::Own,
         };
-        match tokio::time::timeout(
+        let res = match tokio::time::timeout(
             timeout,
-            setup::connect(choice, addr, opts, span.clone()).instrument(span),
+            setup::connect(choice, addr, opts, span.clone()).instrument(span.clone()),
         )
         .await
         {
@@ -200,7 +201,11 @@ impl Connection {
                 what: "connection setup",
                 after: timeout,
             }),
+        };
+        if let Err(e) = &res {
+            observe::setup_failed(&span, e);
         }
+        res
     }
 
     /// Setup, phase 1 (before the peer learns this side's credits): builds the state machine
@@ -273,7 +278,7 @@ impl Connection {
     pub(crate) fn established(
         starting: Starting,
         raw: RawConnection,
-        span: tracing::Span,
+        mut obs: Observed,
     ) -> Connection {
         let Starting {
             io,
@@ -285,12 +290,15 @@ impl Connection {
         let parts = raw.into_parts();
         let peer = parts.id.peer_addr();
         let local = parts.id.local_addr();
+        obs.peer = peer;
+        let span = obs.span.clone();
         let shared = Arc::new(ConnShared {
             qp: parts.qp,
             pd: parts.pd,
             params: negotiated,
             io,
             _memory: memory,
+            obs,
         });
         if parts.peer_gone {
             shared.io.with(|s| s.in_error = true);
@@ -302,7 +310,7 @@ impl Connection {
         tokio::spawn(
             driver::run(shared.clone(), Arc::new(parts.id), parts.events).instrument(span.clone()),
         );
-        span.in_scope(|| debug!(negotiated = ?shared.params, "connection established"));
+        observe::established(&shared);
         Connection {
             shared,
             peer,
@@ -546,27 +554,28 @@ impl Connection {
 
     /// Counters of this connection.
     pub fn stats(&self) -> ConnStats {
-        let (protocol, held, sent, recvd) = {
-            let s = self.shared.io.lock();
-            (
-                s.proto.counters(),
-                s.proto.held().0,
-                s.sent_bytes,
-                s.recv_bytes,
-            )
-        };
-        ConnStats {
-            protocol,
-            recv_bytes_held: held,
-            buffer_bytes_in_use: self.shared.io.buffer_bytes_in_use(),
-            send_bytes_inline: sent.inline,
-            send_bytes_copied: sent.staged,
-            send_bytes_zero_copy: sent.zero_copy,
-            recv_bytes_copied: recvd.copied + protocol.bytes_reassembled,
-            recv_bytes_fetched: recvd.fetched,
-            recv_pool: self.shared.io.pool().metrics(),
-            staging_pool: self.shared.io.staging().metrics(),
-        }
+        observe::stats(&self.shared)
+    }
+
+    /// This connection's id: unique among the connections of its [`Endpoint`] (a counter
+    /// from 1; the shorthands [`connect`](Self::connect) and [`Listener::bind`] use an
+    /// endpoint per client or per device, so their ids repeat across endpoints). It is the
+    /// `conn_id` field of the connection's `conn` tracing span, which also carries `peer`,
+    /// `side` and the local `qpn`, and the `conn_id` label of its metrics
+    /// (`docs/observability.md`).
+    ///
+    /// [`Listener::bind`]: crate::conn::Listener::bind
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: tokio_rdma::conn::Connection) {
+    /// let s = conn.stats();
+    /// println!("conn {}: {} messages sent", conn.id(), s.protocol.messages_sent);
+    /// # }
+    /// ```
+    pub fn id(&self) -> u64 {
+        self.shared.obs.id
     }
 
     /// The peer's address (its IP address on the RDMA link and RDMA CM port), as
@@ -623,7 +632,7 @@ impl Connection {
     ///
     /// Cancel safe: end of stream is sent once, whether or not this future is polled again.
     pub async fn shutdown(&self) -> Result<()> {
-        self.shared.io.with(|s| s.proto.close());
+        observe::close(&self.shared, ClosedBy::Close, false);
         self.wait_close().await
     }
 
@@ -653,7 +662,7 @@ impl Connection {
     /// Cancel safe: the close goes on in the background if the future is dropped.
     pub async fn close(&self) -> Result<()> {
         let t0 = Instant::now();
-        self.shared.io.with(|s| s.proto.close_full());
+        observe::close(&self.shared, ClosedBy::Close, true);
         let res = self.wait_close().await;
         if res.is_ok() {
             debug!(
@@ -690,13 +699,14 @@ impl Drop for Connection {
     fn drop(&mut self) {
         // The driver task closes (end of stream, disconnect, drain) in the background; it
         // never blocks here.
-        self.shared.io.with(|s| s.proto.close_full());
+        observe::close(&self.shared, ClosedBy::Drop, true);
     }
 }
 
 impl fmt::Debug for Connection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Connection")
+            .field("id", &self.shared.obs.id)
             .field("peer", &self.peer)
             .field("qpn", &self.shared.qp.qpn())
             .field("params", &self.shared.params)

@@ -118,6 +118,8 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
 /// receive and send has flushed, so their buffers are free again.
 async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     let io = &shared.io;
+    // How it ended, before the failure below (an event if it failed).
+    let (ending, failure) = super::observe::teardown_started(shared);
     let cause = io.with(|s| {
         s.proto.fail(QpFailure::Closed);
         s.draining = true;
@@ -193,6 +195,7 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     io.torn_down
         .store(true, std::sync::atomic::Ordering::Release);
     io.done.notify_waiters();
+    super::observe::torn_down(shared, ending, failure.as_ref(), drained);
     // Consume the CM events that follow a disconnect (TIMEWAIT_EXIT) so the id can go.
     let _ = tokio::time::timeout(Duration::from_millis(100), async {
         while let Ok(ev) = events.next().await {
@@ -219,6 +222,8 @@ impl Drop for TaskGone {
         }
         debug!("connection task dropped before its teardown (runtime shut down)");
         io.with(|s| s.proto.fail(QpFailure::DriverStopped));
+        let (ending, failure) = super::observe::teardown_started(&self.0);
+        super::observe::torn_down(&self.0, ending, failure.as_ref(), false);
         self.0.qp.force_error(QpFailure::DriverStopped);
         io.torn_down
             .store(true, std::sync::atomic::Ordering::Release);

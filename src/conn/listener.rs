@@ -14,6 +14,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::connection::Connection;
 use super::handshake::HandshakeError;
+use super::observe;
 use super::options::ConnectOptions;
 use super::raw::{self, RawListener, RawRequest};
 use super::setup;
@@ -435,7 +436,7 @@ fn on_request(
     setups: &mut JoinSet<()>,
 ) {
     let peer = req.peer_addr();
-    let span = info_span!("conn", peer = ?peer, side = "server");
+    let span = observe::conn_span(peer, "server");
     let pending = shared.pending.load(Ordering::Acquire);
     if pending >= opts.backlog {
         shared.refused();
@@ -481,7 +482,7 @@ fn on_request(
                                 "connection request rejected: no valid tokio-rdma handshake"
                             );
                         }
-                        _ => warn!(peer = ?peer, error = %e, "connection setup failed; torn down"),
+                        _ => observe::setup_failed(&tracing::Span::current(), &e),
                     }
                 }
             }

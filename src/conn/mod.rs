@@ -14,6 +14,7 @@ mod io;
 mod listener;
 pub(crate) mod memory;
 mod messages;
+pub(crate) mod observe;
 mod one_sided;
 mod options;
 pub(crate) mod raw;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::connection::Connection;
 use super::handshake::{self, Flags, Negotiated, Params};
+use super::observe::{self, Observed};
 use super::options::ConnectOptions;
 use super::raw::{self, RawConnector, RawOptions, RawRequest, reject};
 use super::srq::{SharedRecv, SrqShare};
@@ -49,6 +50,14 @@ pub(crate) enum EndpointChoice {
 }
 
 impl EndpointChoice {
+    /// The endpoint the user gave, known before any id is resolved.
+    pub(crate) fn given(&self) -> Option<&Endpoint> {
+        match self {
+            EndpointChoice::Given(ep) => Some(ep),
+            _ => None,
+        }
+    }
+
     /// The shared receive queue of a given endpoint, if it has one (the implicit endpoints
     /// never do).
     pub(crate) fn shared_recv(&self) -> Option<Arc<SharedRecv>> {
@@ -313,6 +322,8 @@ pub(crate) async fn connect(
     opts: ConnectOptions,
     span: tracing::Span,
 ) -> Result<Connection> {
+    // The connection's id, as soon as its endpoint is known (a given one: now).
+    let early_id = choice.given().map(|ep| observe::assign_id(&span, ep));
     let srq = choice.shared_recv();
     let opts = match &srq {
         Some(q) => on_shared_recv(&opts, q)?,
@@ -326,7 +337,9 @@ pub(crate) async fn connect(
     let hs = local.encode()?;
     let resolved = raw::resolve(addr, opts.connect_timeout).await?;
     let endpoint = choice.endpoint_for(&resolved.id, &opts)?;
+    let id = early_id.unwrap_or_else(|| observe::assign_id(&span, &endpoint));
     let connector = RawConnector::on(&endpoint, resolved, raw_opts)?;
+    observe::record_qpn(&span, connector.qp().qpn());
     // A bad or incompatible answer: returning drops the reply, which rejects it (the server's
     // setup ends at once).
     let reply = connector.connect(&hs).await?;
@@ -343,7 +356,8 @@ pub(crate) async fn connect(
         negotiated,
         &opts,
     )?;
-    Ok(Connection::established(starting, reply.establish()?, span))
+    let obs = Observed::new(span, id, &endpoint);
+    Ok(Connection::established(starting, reply.establish()?, obs))
 }
 
 /// The passive side, for one connection `request` (on an event channel of its own): decode
@@ -361,6 +375,7 @@ pub(crate) async fn accept(
     choice: &EndpointChoice,
     span: tracing::Span,
 ) -> Result<Connection> {
+    let early_id = choice.given().map(|ep| observe::assign_id(&span, ep));
     let id = request.id();
     let srq = choice.shared_recv();
     let adapted;
@@ -384,12 +399,14 @@ pub(crate) async fn accept(
     let mut raw_opts = raw_options(opts, opts.handshake_timeout).map_err(|e| reject(id, e))?;
     raw_opts.shared_recv = srq.is_some();
     let endpoint = choice.endpoint_for(id, opts).map_err(|e| reject(id, e))?;
+    let conn_id = early_id.unwrap_or_else(|| observe::assign_id(&span, &endpoint));
     // The endpoint's budget, before the queue pair or any pool is made.
     let memory = endpoint
         .reserve_memory(pool_bytes(&negotiated, opts, srq.is_some()))
         .map_err(|e| reject(id, e))?;
     // On failure the request is rejected with the reason.
     let accepting = request.prepare_on(&endpoint, raw_opts)?;
+    observe::record_qpn(&span, accepting.qp().qpn());
     let id = accepting.request().id();
     let (pool, share) =
         receive_side(accepting.pd(), &local, srq.as_ref()).map_err(|e| reject(id, e))?;
@@ -406,7 +423,8 @@ pub(crate) async fn accept(
     // dropping the id then tears the rest down. A client that established, sent, closed and
     // disconnected before ESTABLISHED reached us is handed over with what it sent.
     let raw = accepting.accept(&accept_data).await?;
-    Ok(Connection::established(starting, raw, span))
+    let obs = Observed::new(span, conn_id, &endpoint);
+    Ok(Connection::established(starting, raw, obs))
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ pub(crate) struct ConnShared {
     pub(crate) io: Arc<ConnIo>,
     /// The connection's pools in its endpoint's memory budget, given back with this.
     pub(crate) _memory: Reservation,
+    /// The connection's id and span, and how it closed (`observe.rs`).
+    pub(crate) obs: super::observe::Observed,
 }
 
 /// A received message: the bytes, in the connection's receive buffer (a single-chunk message,

@@ -171,7 +171,8 @@ impl Drop for OwnedWriteHalf {
         if !self.reunited && !self.wr.is_shut() {
             // End of stream after the messages already accepted (a write still in flight
             // took its place in the order when it was accepted).
-            self.conn.shared.io.with(|s| s.proto.close());
+            let shared = &self.conn.shared;
+            super::super::observe::close(shared, super::super::observe::ClosedBy::Drop, false);
         }
     }
 }
