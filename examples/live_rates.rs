@@ -13,8 +13,9 @@
 //! The lines are `key=value` pairs, easy to grep:
 //!
 //! ```text
-//! conn id=3 side=client peer=192.0.2.1:7471 tx_msgs/s=5120 tx_MB/s=20.97 rx_msgs/s=5120 rx_MB/s=20.97 credit_waits/s=0 held_bytes=0
-//! endpoint device=rxe0 conns=8 completions/s=40960 polls/s=51200 arms/s=12 in_place/s=30000 doorbells/s=20480
+//! conn id=1 side=client peer=192.0.2.1:7481 tx_msgs/s=106 tx_MB/s=0.44 rx_msgs/s=108 rx_MB/s=0.44 credit_waits/s=0 held_bytes=4096
+//! conn id=2 side=server peer=192.0.2.1:35339 tx_msgs/s=108 tx_MB/s=0.44 rx_msgs/s=106 rx_MB/s=0.44 credit_waits/s=0 held_bytes=0
+//! endpoint device=rxe0 conns=4 completions/s=471 polls/s=441 arms/s=10 in_place/s=422 cq_events/s=10
 //! ```
 //!
 //! Everything comes from `Connection::stats` and `Endpoint::stats`, read once a second (with
