@@ -194,13 +194,15 @@ pub(crate) fn close(shared: &ConnShared, by: ClosedBy, full: bool) {
 /// The teardown starts: how the connection ended, from its state now (before the teardown
 /// fails it with `Closed`); a failure's event goes out here.
 pub(crate) fn teardown_started(shared: &ConnShared) -> (Ending, Option<QpFailure>) {
-    let (failure, clean) = shared.io.with(|s| {
-        let unaccounted = super::io::ConnIo::data_sends_outstanding(s);
+    // Read only (no pump: the teardown's own first step follows).
+    let (failure, clean) = {
+        let s = shared.io.lock();
+        let unaccounted = super::io::ConnIo::data_sends_outstanding(&s);
         (
             s.proto.failure().cloned(),
             s.proto.close_outcome(unaccounted).is_ok(),
         )
-    });
+    };
     let obs = &shared.obs;
     let ending = classify(
         failure.as_ref(),
