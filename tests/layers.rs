@@ -47,7 +47,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "conn: connection driver io messages rendezvous setup shared srq stream",
     "conn::stream: (stream) read split write",
     "driver: (driver) completion events post qp raw shared wait",
-    "proto: engine qp table",
     "proto::conn: (conn) close recv rendezvous",
 ];
 
