@@ -46,7 +46,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "buf::pool: (pool) buf",
     "conn: connection driver io messages rendezvous setup shared srq stream",
     "conn::stream: (stream) read split write",
-    "driver: (driver) completion events post qp raw shared wait",
     "proto::conn: (conn) close recv rendezvous",
 ];
 
