@@ -48,7 +48,7 @@ const KNOWN_CYCLES: &[&str] = &[
 ];
 
 /// Upward top-level edges that still exist, as `from -> to`. Shrink only.
-const KNOWN_UPWARD: &[&str] = &["conn -> endpoint", "error -> conn"];
+const KNOWN_UPWARD: &[&str] = &["conn -> endpoint"];
 
 type ModPath = Vec<String>;
 
