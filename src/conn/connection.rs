@@ -4,12 +4,11 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
-use tracing::{Instrument, debug, info_span};
+use tracing::{Instrument, debug};
 
 use super::driver;
 use super::handshake::{Flags, Negotiated};
@@ -20,13 +19,11 @@ use super::raw::RawConnection;
 use super::setup;
 use super::shared::ConnShared;
 use super::srq::SrqShare;
-use super::stream::RdmaStream;
 use crate::buf::{
     CacheConfig, Grant, IoBufMut, MrRegistrar, Pool, PoolConfig, PoolMetrics, RegCache, Registered,
     RegisteredBytes, RemoteAccess, SharedGrant, SharedRegion,
 };
 use crate::driver::AsyncQp;
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::proto::conn::{ConnConfig, ConnCounters, ConnProto};
 use crate::verbs::ProtectionDomain;
@@ -71,7 +68,7 @@ pub struct Connection {
     pub(super) shared: Arc<ConnShared>,
     peer: Option<SocketAddr>,
     local: Option<SocketAddr>,
-    span: tracing::Span,
+    pub(super) span: tracing::Span,
     /// What this side offered in the handshake (one-sided access, atomics).
     pub(super) offered: Flags,
     pub(super) user_pool: OnceLock<Pool>,
@@ -141,68 +138,6 @@ pub(crate) struct Starting {
 }
 
 impl Connection {
-    /// Connects to a listener at `addr` with default options. `addr` is anything Tokio's
-    /// networking types take: a `SocketAddr`, `"192.0.2.1:7471"`, `("host", 7471)`, a host
-    /// name with a port; every address it resolves to is tried in order until one connects.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LookupHost`] if `addr` does not resolve; resolution or connection errors ([`Error::ConnectionRejected`] with the peer's reason,
-    /// [`Error::CmEventFailed`] for an unreachable peer, [`Error::Timeout`]), handshake errors
-    /// ([`Error::Handshake`]), or verb errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future abandons the attempt; the half-made connection is torn down.
-    pub async fn connect(
-        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
-    ) -> Result<Connection> {
-        Connection::connect_with(addr, ConnectOptions::default()).await
-    }
-
-    /// Connects to `addr` with `opts`.
-    ///
-    /// # Errors
-    ///
-    /// As [`connect`](Self::connect).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`connect`](Self::connect).
-    pub async fn connect_with(
-        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
-        opts: ConnectOptions,
-    ) -> Result<Connection> {
-        super::addr::first_ok(addr, |a| Connection::connect_on(None, a, opts.clone())).await
-    }
-
-    /// Connects through `endpoint`, or (`None`) through an endpoint of its own on the device
-    /// `addr` resolves to.
-    pub(crate) async fn connect_on(
-        endpoint: Option<Endpoint>,
-        addr: SocketAddr,
-        opts: ConnectOptions,
-    ) -> Result<Connection> {
-        let span = info_span!("conn", peer = %addr, side = "client");
-        let timeout = opts.connect_timeout;
-        let choice = match endpoint {
-            Some(ep) => setup::EndpointChoice::Given(ep),
-            None => setup::EndpointChoice::Own,
-        };
-        match tokio::time::timeout(
-            timeout,
-            setup::connect(choice, addr, opts, span.clone()).instrument(span),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                what: "connection setup",
-                after: timeout,
-            }),
-        }
-    }
-
     /// Setup, phase 1 (before the peer learns this side's credits): builds the state machine
     /// on `qp` (in `pd`, with the private buffers of `pool`) and posts its receives.
     /// `receive`: the receive pool, the claim on the shared receive queue if it receives
@@ -603,86 +538,6 @@ impl Connection {
     /// The failure that ended this connection, if it failed (a clean close is not a failure).
     pub fn failure(&self) -> Option<crate::QpFailure> {
         self.shared.io.lock().proto.failure().cloned()
-    }
-
-    /// Turns the connection into a byte stream (`AsyncRead + AsyncWrite`), for codecs.
-    pub fn into_stream(self) -> RdmaStream {
-        RdmaStream::new(self)
-    }
-
-    /// Half-closes the connection: end of stream goes out after the messages already being
-    /// sent (the peer's [`recv`](Self::recv) returns `Ok(None)` after them); this side can
-    /// still receive until the peer closes too. Later sends fail. Resolves once the peer's
-    /// device acknowledged the end of stream.
-    ///
-    /// # Errors
-    ///
-    /// The connection's failure.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: end of stream is sent once, whether or not this future is polled again.
-    pub async fn shutdown(&self) -> Result<()> {
-        self.shared.io.with(|s| s.proto.close());
-        self.wait_close().await
-    }
-
-    /// Closes the connection: end of stream after the messages already being sent; resolves
-    /// once the outcome is known. The disconnect and the teardown (the queue pair moved to the
-    /// error state, every outstanding operation resolved exactly once, buffers back to their
-    /// pools, the queue pair destroyed) follow in the connection's task, as for a drop.
-    ///
-    /// `Ok` comes as soon as this side's end of stream is delivered (acknowledged by the
-    /// peer's device, or confirmed by the peer): it does not wait for the disconnect's round
-    /// trip through RDMA CM nor for the flushes. In the background the connection then
-    /// confirms the peer's end of stream, or waits for it if it has not arrived (a full close:
-    /// at most the keepalive timeout, as TCP's `FIN_WAIT_2`), and disconnects once both ends
-    /// know (docs/connections.md, "Close and failure"), so that a clean close returns `Ok` on
-    /// both sides. A failure is reported once every data send is accounted for (completed,
-    /// or flushed by the teardown).
-    ///
-    /// # Errors
-    ///
-    /// `Ok` means every message this side sent reached the peer: its end of stream was
-    /// acknowledged or confirmed, or the peer's end of stream had arrived and every data send
-    /// was acknowledged. An error is the connection's failure, and means messages whose
-    /// `send` returned `Ok` may not have reached the peer (it is closed anyway).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: the close goes on in the background if the future is dropped.
-    pub async fn close(&self) -> Result<()> {
-        let t0 = Instant::now();
-        self.shared.io.with(|s| s.proto.close_full());
-        let res = self.wait_close().await;
-        if res.is_ok() {
-            debug!(
-                parent: &self.span,
-                qpn = self.shared.qp.qpn(),
-                took = ?t0.elapsed(),
-                "close(): end of stream delivered (the teardown goes on in the background)"
-            );
-            return res;
-        }
-        // Failed before our end of stream was known delivered. What reached the peer is known
-        // once every data send is accounted for (completed, flushed, or given up): at once if
-        // none is outstanding, else after the teardown's drain (bounded by its limits).
-        let io = &self.shared.io;
-        if io.with(|s| super::io::ConnIo::data_sends_outstanding(s)) {
-            crate::driver::wait_until(&io.done, || io.torn_down.load(Ordering::Acquire)).await;
-        }
-        let out = io.with(|s| {
-            let unaccounted = super::io::ConnIo::data_sends_outstanding(s);
-            s.proto.close_outcome(unaccounted)
-        });
-        debug!(
-            parent: &self.span,
-            qpn = self.shared.qp.qpn(),
-            took = ?t0.elapsed(),
-            ok = out.is_ok(),
-            "close(): the connection failed first; outcome once every data send is accounted for"
-        );
-        out
     }
 }
 

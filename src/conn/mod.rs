@@ -6,9 +6,13 @@
 //! connections; each connection has its own protection domain.
 
 mod addr;
+mod close;
 mod cm_async;
 mod connection;
+pub(crate) mod device;
 mod driver;
+pub(crate) mod endpoint_options;
+mod establish;
 pub mod handshake;
 mod io;
 mod listener;
@@ -16,7 +20,9 @@ pub(crate) mod memory;
 mod messages;
 mod one_sided;
 mod options;
+mod progress;
 pub(crate) mod raw;
+mod rdv_memory;
 mod rendezvous;
 mod setup;
 mod shared;

@@ -194,3 +194,6 @@ impl fmt::Debug for OwnedWriteHalf {
             .finish_non_exhaustive()
     }
 }
+
+read_impls!(OwnedReadHalf);
+write_impls!(OwnedWriteHalf);
