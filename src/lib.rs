@@ -54,8 +54,10 @@
 //!
 //! Underneath, a private sans-IO core (`proto`: the in-flight operation table, queue
 //! accounting, and the connection protocol state machine) holds every decision the Tokio shell
-//! carries out. Each layer uses only the ones below it: `verbs`; `proto` and `buf` on it;
-//! `driver` on `proto`; `ops` on `driver` and `buf`; `conn` and `Endpoint` on top.
+//! carries out. Each layer uses only the ones below it, in the order `sys`, `verbs`, `proto`,
+//! `driver`, `buf`, `ops`, `conn`, `Endpoint` (`error` and `sync` are leaves every layer uses);
+//! `tests/layers.rs` checks it, and that the files of `conn`, `driver`, `proto` and `buf` form
+//! no import cycle (`docs/architecture.md`, "Layers, owners and locks").
 //!
 //! Device tests run on soft-RoCE (`rdma_rxe`) in a QEMU VM: see `docs/testing.md`.
 

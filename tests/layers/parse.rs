@@ -4,7 +4,7 @@
 
 /// A token of the stripped source: an identifier, `::`, or any other single character.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Tok {
+pub(crate) enum Tok {
     Ident(String),
     PathSep,
     Sym(char),
@@ -13,7 +13,7 @@ pub enum Tok {
 /// Removes comments (doc comments included: a doc link is no dependency) and replaces string,
 /// byte-string, raw-string and char literals by an empty placeholder, so nothing inside them is
 /// read as code. Lifetimes (`'a`) are kept.
-pub fn strip(src: &str) -> String {
+pub(crate) fn strip(src: &str) -> String {
     let c: Vec<char> = src.chars().collect();
     let n = c.len();
     let mut out = String::with_capacity(n);
@@ -112,7 +112,7 @@ pub fn strip(src: &str) -> String {
 }
 
 /// Splits stripped source into tokens.
-pub fn tokens(code: &str) -> Vec<Tok> {
+pub(crate) fn tokens(code: &str) -> Vec<Tok> {
     let c: Vec<char> = code.chars().collect();
     let mut out = Vec::new();
     let mut i = 0;
@@ -192,7 +192,7 @@ fn item_end(t: &[Tok], mut i: usize) -> usize {
 }
 
 /// Drops every item under a test-only `#[cfg(..)]` (unit-test modules, test helpers).
-pub fn without_tests(t: Vec<Tok>) -> Vec<Tok> {
+pub(crate) fn without_tests(t: Vec<Tok>) -> Vec<Tok> {
     let mut out = Vec::with_capacity(t.len());
     let mut i = 0;
     while i < t.len() {
@@ -217,25 +217,25 @@ pub fn without_tests(t: Vec<Tok>) -> Vec<Tok> {
 
 /// One name brought in by a `use` declaration.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UseItem {
+pub(crate) struct UseItem {
     /// The path as written (`super::io::ConnIo`), `self` in a group folded away.
-    pub path: Vec<String>,
+    pub(crate) path: Vec<String>,
     /// The name it is known by here (`as` renames it); `*` for a glob.
-    pub alias: String,
+    pub(crate) alias: String,
     /// `pub use` / `pub(crate) use`: a re-export.
-    pub public: bool,
+    pub(crate) public: bool,
 }
 
 /// What one file says about other modules.
 #[derive(Debug, Default)]
-pub struct FileRefs {
+pub(crate) struct FileRefs {
     /// Non-test `mod x;` declarations (submodule files).
-    pub mods: Vec<String>,
-    pub uses: Vec<UseItem>,
+    pub(crate) mods: Vec<String>,
+    pub(crate) uses: Vec<UseItem>,
     /// Paths in code outside `use` declarations, each of two or more segments.
-    pub paths: Vec<Vec<String>>,
+    pub(crate) paths: Vec<Vec<String>>,
     /// Every identifier in code outside `use` declarations (is a re-exported name used here?).
-    pub words: std::collections::BTreeSet<String>,
+    pub(crate) words: std::collections::BTreeSet<String>,
 }
 
 fn use_tree(t: &[Tok], prefix: &[String], public: bool, out: &mut Vec<UseItem>) {
@@ -305,7 +305,7 @@ fn use_tree(t: &[Tok], prefix: &[String], public: bool, out: &mut Vec<UseItem>) 
 }
 
 /// Reads one file's module references (test-only items excluded).
-pub fn file_refs(src: &str) -> FileRefs {
+pub(crate) fn file_refs(src: &str) -> FileRefs {
     let t = without_tests(tokens(&strip(src)));
     let mut refs = FileRefs::default();
     let mut i = 0;
