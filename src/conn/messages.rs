@@ -59,8 +59,8 @@ impl Connection {
     /// Sends `msg` like [`send`](Self::send), without copying it when its memory is
     /// registered in this connection's protection domain: a buffer of this connection's
     /// [`pool`](Self::pool) ([`PoolBuf::freeze`](crate::buf::PoolBuf::freeze), or
-    /// [`send_buf`](Self::send_buf)), or a received [`Message`]'s
-    /// [`into_bytes`](Message::into_bytes) (forwarding it), or memory inside a live
+    /// [`send_buf`](Self::send_buf)), or a received [`Message`](super::Message)'s
+    /// [`into_bytes`](super::Message::into_bytes) (forwarding it), or memory inside a live
     /// [`register_bytes`](Self::register_bytes) registration. Chunks go straight from those
     /// bytes to the peer; the connection keeps a reference to them until the device has read
     /// them, so their memory returns to its pool only then. Once the connection has a

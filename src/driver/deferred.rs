@@ -17,7 +17,7 @@ use crate::verbs::{QueuePair, SendOp, SendWr};
 pub(crate) type Payload = Box<dyn Any + Send>;
 
 /// Receives the completions of the requests a queue pair's owner posted itself (with
-/// [`sink_wr_id`]s), in completion-queue order. Called with the driver's lock held: it must
+/// [`sink_wr_id`](super::sink::sink_wr_id)s), in completion-queue order. Called with the driver's lock held: it must
 /// not call back into the driver (post directly on the queue pair instead).
 pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
     /// One completion; `local` is the low half of its `wr_id`. `qp_failure` is the failure the

@@ -297,7 +297,7 @@ impl Driver {
     }
 
     /// [`create_qp`](Self::create_qp), taking its receives from `srq` if given (whose
-    /// completions this driver routes by queue-pair number: see [`srq_wr_id`]). The receive
+    /// completions this driver routes by queue-pair number: see [`srq_wr_id`](super::sink::srq_wr_id)). The receive
     /// depth then reserves nothing in the completion queue (the SRQ's owner reserved its
     /// depth once, [`reserve_cq`](Self::reserve_cq)).
     pub(crate) fn create_qp_on(

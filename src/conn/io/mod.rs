@@ -1,13 +1,13 @@
 //! [`ConnIo`]: the connection's message I/O, with no task in between. It owns the protocol
 //! state machine (behind the connection's one lock), the receives and message sends posted on
-//! the queue pair, and it is the queue pair's completion [`Sink`]: whoever polls the
+//! the queue pair, and it is the queue pair's completion [`Sink`](crate::driver::Sink): whoever polls the
 //! completion queue (the application's own `recv` or `send` while it waits, or the driver's
 //! completion task) hands it the connection's completions, which go straight into the state
 //! machine. What the state machine then asks for (receives to re-post, credit returns and
-//! other control messages) is posted right there ([`ConnState::pump`]), in the same call.
+//! other control messages) is posted right there ([`ConnIo::pump`]), in the same call.
 //!
 //! Posting happens under the lock, directly on the queue pair (never through the driver's
-//! lock, which may be held by the caller of [`Sink::on_completion`]): the wire order is the
+//! lock, which may be held by the caller of [`Sink::on_completion`](crate::driver::Sink::on_completion)): the wire order is the
 //! order the state machine hands chunks out.
 
 use std::collections::VecDeque;
