@@ -17,7 +17,7 @@ pub struct ConnConfig {
     /// Data receives this side keeps posted for the peer: its own receive credits.
     pub recv_credits: u32,
     /// Of `recv_credits`, those the peer may use at the start: the rest are posted (and
-    /// granted) when the shell finds buffers for them ([`ConnProto::recvs_to_post`] asks for
+    /// granted) when the shell finds buffers for them ([`ConnProto::recvs_to_post`](super::ConnProto::recvs_to_post) asks for
     /// them from the start).
     pub recv_initial: u32,
     /// The largest chunk this side sends (the peer's receive buffer size).
@@ -32,7 +32,7 @@ pub struct ConnConfig {
     /// Fail the connection when a control message or keepalive is unacknowledged this long.
     pub keepalive_timeout: Duration,
     /// Both sides offer rendezvous: large messages may go by reference (a descriptor the
-    /// receiver RDMA READs from), see [`ConnProto::start_send_rendezvous`].
+    /// receiver RDMA READs from), see [`ConnProto::start_send_rendezvous`](super::ConnProto::start_send_rendezvous).
     pub rendezvous: bool,
     /// Once this side closed: how long what must go out before end of stream (queued
     /// messages waiting for credits, rendezvous messages the peer has not read yet) may take
@@ -54,13 +54,13 @@ pub struct Chunk {
     /// Whether this is the message's last chunk.
     pub last: bool,
     /// A rendezvous message: the chunk is its descriptor (`len` is
-    /// [`DESCRIPTOR_LEN`]), and this is its rendezvous number. The memory it names must stay
-    /// readable until [`ConnProto::take_released`] returns the number.
+    /// [`DESCRIPTOR_LEN`](super::DESCRIPTOR_LEN)), and this is its rendezvous number. The memory it names must stay
+    /// readable until [`ConnProto::take_released`](super::ConnProto::take_released) returns the number.
     pub rendezvous: Option<u16>,
 }
 
 /// A control message to post now: a zero-length SEND with immediate data `imm`. Report its
-/// completion with [`ConnProto::handle_control_done`].
+/// completion with [`ConnProto::handle_control_done`](super::ConnProto::handle_control_done).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
     /// What it is.
@@ -82,8 +82,8 @@ pub enum Delivery<B> {
     /// A message reassembled from several chunks.
     Assembled(Vec<u8>),
     /// A rendezvous message: the bytes are still in the peer's memory. The shell reads them
-    /// and reports [`ConnProto::fetch_done`]; until it takes the result
-    /// ([`ConnProto::fetch_taken`]) no later message is handed out.
+    /// and reports [`ConnProto::fetch_done`](super::ConnProto::fetch_done); until it takes the result
+    /// ([`ConnProto::fetch_taken`](super::ConnProto::fetch_taken)) no later message is handed out.
     Remote(RemoteMsg),
 }
 
