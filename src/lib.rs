@@ -56,8 +56,8 @@
 //! accounting, and the connection protocol state machine) holds every decision the Tokio shell
 //! carries out. Each layer uses only the ones below it, in the order `sys`, `verbs`, `proto`,
 //! `driver`, `buf`, `ops`, `conn`, `Endpoint` (`error` and `sync` are leaves every layer uses);
-//! `tests/layers.rs` checks it, and that the files of `conn`, `driver`, `proto` and `buf` form
-//! no import cycle (`docs/architecture.md`, "Layers, owners and locks").
+//! `tests/layers.rs` checks it, and that the files of no directory form an import cycle
+//! (`docs/architecture.md`, "Layers, owners and locks").
 //!
 //! Device tests run on soft-RoCE (`rdma_rxe`) in a QEMU VM: see `docs/testing.md`.
 
