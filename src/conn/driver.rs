@@ -1,6 +1,6 @@
 //! The driver task of one connection: timers, RDMA CM events, refills and teardown. It is
 //! not on the message path (the connection's completions go straight into its state machine,
-//! see `io.rs`); it is woken only when the state machine has a deadline earlier than the one
+//! see `io/`); it is woken only when the state machine has a deadline earlier than the one
 //! it sleeps until, ran out of receive buffers, or wants to disconnect.
 
 use std::sync::Arc;
