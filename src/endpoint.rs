@@ -2,201 +2,26 @@
 //! its driver (the completion and async-event tasks), and the device-level options; every
 //! connection made or accepted through it uses that completion queue, in a protection domain
 //! of its own (or, with a shared receive queue, the queue's protection domain).
+//!
+//! The top of the crate's layers: the resources are a `conn::device::Device` (below the
+//! connections, which take it), and this handle adds the public API that makes connections
+//! and listeners on it.
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "metrics")]
 use std::time::Duration;
 
-use crate::conn::memory::{MemoryBudget, Reservation};
+use crate::conn::device::Device;
+pub use crate::conn::endpoint_options::{DEFAULT_MEMORY_BUDGET, EndpointOptions, MemoryStats};
 use crate::conn::raw::listen_on;
-use crate::conn::srq::SharedRecv;
 use crate::conn::{
     ConnectOptions, Connection, Listener, RawConnection, RawConnector, RawListener, RawOptions,
-    SrqOptions, SrqStats,
+    SrqStats,
 };
-use crate::driver::{CompletionMode, Driver, DriverOptions, DriverStats};
+use crate::driver::{Driver, DriverStats};
 use crate::error::{Error, Result};
 use crate::verbs::{Context, PortState};
-
-/// Device-level options of an [`Endpoint`]: how futures wait for completions, the
-/// completion queue's size, a shared receive queue, and the memory budget of its connections.
-///
-/// # Examples
-///
-/// ```
-/// use tokio_rdma::EndpointOptions;
-/// use tokio_rdma::driver::CompletionMode;
-///
-/// let opts = EndpointOptions::default()
-///     .completion_mode(CompletionMode::BusyPoll)
-///     .cq_size(8192);
-/// assert_eq!(opts.completion_mode, CompletionMode::BusyPoll);
-/// assert_eq!(opts.cq_size, Some(8192));
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct EndpointOptions {
-    /// How a waiting future behaves (default: adaptive hybrid polling).
-    pub completion_mode: CompletionMode,
-    /// Completion queue entries: bounds the sum of the queue depths of all connections on the
-    /// endpoint (186 per connection with default options, see `docs/connections.md`; 32,767
-    /// entries, rxe's `max_cqe`, take 176 such connections). `None` (the default): the
-    /// device's `max_cqe`, at most 65,536.
-    pub cq_size: Option<u32>,
-    /// Completions taken per poll of the completion queue (default 32).
-    pub poll_batch: usize,
-    /// A shared receive queue for the endpoint's message connections (default: none, every
-    /// connection has receive buffers of its own). See [`shared_receive_queue`](Self::shared_receive_queue).
-    pub shared_receive_queue: Option<SrqOptions>,
-    /// Registered bytes the endpoint's message connections may hold in their own pools
-    /// (receive and send staging) together; `None`: no limit. Default
-    /// [`DEFAULT_MEMORY_BUDGET`] (1 GiB). See [`memory_budget`](Self::memory_budget).
-    pub memory_budget: Option<u64>,
-}
-
-/// The default [`EndpointOptions::memory_budget`]: 1 GiB, some 300 connections with default
-/// options (3.25 MiB each), or 98 whose peers announce the largest buffers a handshake allows
-/// (10.44 MiB each under the default `max_send_chunk` and `max_staged_chunks`).
-pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
-
-/// The memory budget of an [`Endpoint`] now ([`Endpoint::memory_stats`]).
-///
-/// # Examples
-///
-/// ```no_run
-/// # fn f(ep: &tokio_rdma::Endpoint) {
-/// let m = ep.memory_stats();
-/// println!("{} of {:?} bytes in use, {} connections refused", m.in_use, m.budget, m.refused);
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MemoryStats {
-    /// The budget ([`EndpointOptions::memory_budget`]).
-    pub budget: Option<u64>,
-    /// Bytes the endpoint's message connections hold in their pools now (reserved at
-    /// admission, given back when a connection's state is gone).
-    pub in_use: u64,
-    /// Connections refused with [`Error::MemoryBudgetExhausted`] so far.
-    pub refused: u64,
-}
-
-impl Default for EndpointOptions {
-    fn default() -> Self {
-        let d = DriverOptions::default();
-        EndpointOptions {
-            completion_mode: d.mode,
-            cq_size: None,
-            poll_batch: d.poll_batch,
-            shared_receive_queue: None,
-            memory_budget: Some(DEFAULT_MEMORY_BUDGET),
-        }
-    }
-}
-
-impl EndpointOptions {
-    /// Sets the completion mode.
-    pub fn completion_mode(mut self, mode: CompletionMode) -> Self {
-        self.completion_mode = mode;
-        self
-    }
-
-    /// Sets the completion queue size.
-    pub fn cq_size(mut self, n: u32) -> Self {
-        self.cq_size = Some(n);
-        self
-    }
-
-    /// Sets how many completions one poll takes.
-    pub fn poll_batch(mut self, n: usize) -> Self {
-        self.poll_batch = n;
-        self
-    }
-
-    /// Gives the endpoint's message connections one shared receive queue: `opts.buffers`
-    /// receive buffers that every connection ([`Endpoint::connect`], [`Endpoint::listen`])
-    /// receives into, instead of buffers of its own. Receive memory is then this budget,
-    /// whatever the number of connections; each connection is admitted with a floor of 5
-    /// receives and claims more credits (up to its `recv_credits`) as the queue has them
-    /// (`docs/connections.md`, "Shared receive queue").
-    ///
-    /// Use it for many connections of which few are busy at once (thousands of clients of a
-    /// server). Without it, each connection keeps `recv_credits` buffers posted, which suits
-    /// a few busy connections. The connections share one protection domain, so they offer
-    /// the peer no one-sided access, atomics or rendezvous (their grants would be reachable
-    /// from every other connection's peer): asking for them on such an endpoint is refused;
-    /// their own READ/WRITE/atomics on memory the peer grants still work. Raw connections
-    /// ([`Endpoint::raw_connector`]) do not use the queue.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use tokio_rdma::EndpointOptions;
-    /// use tokio_rdma::conn::SrqOptions;
-    ///
-    /// let opts = EndpointOptions::default().shared_receive_queue(SrqOptions::default());
-    /// assert_eq!(opts.shared_receive_queue.unwrap().buffer_size, 4096);
-    /// ```
-    pub fn shared_receive_queue(mut self, opts: SrqOptions) -> Self {
-        self.shared_receive_queue = Some(opts);
-        self
-    }
-
-    /// Bounds the registered memory of the endpoint's message connections: each connection
-    /// reserves, before its pools are made, its private receive pool
-    /// (`(2 x recv_credits + 3) x recv_buf_size`; nothing on a shared receive queue, whose
-    /// buffers are the endpoint's own) and its send staging pool
-    /// (`(min(peer's credits, max_staged_chunks, send-queue share) + 1) x min(peer's
-    /// recv_buf_size, max_send_chunk)`), and gives it back when its state is gone. A connection
-    /// that would exceed the budget is refused before anything of it is registered:
-    /// [`Error::MemoryBudgetExhausted`] on this side, [`Error::ConnectionRejected`] with that
-    /// text on the peer's. `None`: no limit. Not counted: the application's own pools
-    /// ([`Connection::pool`]), registration caches, and the one rendezvous message a
-    /// connection may be reading at a time (at most its `max_message_size`, registered for
-    /// the read only); see `docs/security.md`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use tokio_rdma::EndpointOptions;
-    /// let opts = EndpointOptions::default().memory_budget(Some(256 << 20));
-    /// assert_eq!(opts.memory_budget, Some(256 << 20));
-    /// ```
-    pub fn memory_budget(mut self, bytes: Option<u64>) -> Self {
-        self.memory_budget = bytes;
-        self
-    }
-
-    fn validate(&self, ctx: &Context) -> Result<DriverOptions> {
-        let max = ctx.device_attr().max_cqe;
-        let cq_size = self.cq_size.unwrap_or(max.min(65536));
-        if cq_size == 0 || cq_size > max {
-            return Err(Error::InvalidArgument(format!(
-                "cq_size {cq_size} is not in 1..={max} (the device's max_cqe)"
-            )));
-        }
-        if self.poll_batch == 0 || self.poll_batch > 4096 {
-            return Err(Error::InvalidArgument(format!(
-                "poll_batch {} is not in 1..=4096",
-                self.poll_batch
-            )));
-        }
-        if let CompletionMode::Adaptive { max_spin } = self.completion_mode {
-            if max_spin > Duration::from_secs(1) {
-                return Err(Error::InvalidArgument(format!(
-                    "adaptive max_spin {max_spin:?} exceeds one second: use BusyPoll to spin \
-                     without limit"
-                )));
-            }
-        }
-        Ok(DriverOptions::default()
-            .mode(self.completion_mode)
-            .cq_size(cq_size)
-            .poll_batch(self.poll_batch))
-    }
-}
 
 /// An RDMA device opened for connections: its context, one completion queue with its driver,
 /// and the options that apply to everything on it. Cheap to clone (a handle); the device and
@@ -225,27 +50,7 @@ impl EndpointOptions {
 /// ```
 #[derive(Clone)]
 pub struct Endpoint {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    /// The endpoint's own device context: every verbs object of the endpoint (its completion
-    /// queue, protection domains, queue pairs, registrations, shared receive queue) lives
-    /// here, so the device's async events about them come to this context's queue, read by
-    /// this endpoint's driver alone.
-    ctx: Context,
-    /// librdmacm's context of the device, which RDMA CM ids bind to and which every endpoint
-    /// on the device shares: only to tell which ids are on this device ([`Endpoint::owns`]).
-    cm_ctx: Context,
-    driver: Driver,
-    opts: EndpointOptions,
-    srq: Option<Arc<SharedRecv>>,
-    memory: Arc<MemoryBudget>,
-    /// The id of the next connection made or accepted here ([`Connection::id`]).
-    next_conn_id: AtomicU64,
-    /// The live connections, for the metrics exporter.
-    #[cfg(feature = "metrics")]
-    conns: Arc<crate::conn::observe::Registry>,
+    dev: Device,
 }
 
 impl Endpoint {
@@ -309,31 +114,9 @@ impl Endpoint {
 
     /// An endpoint on `ctx`, which must be one of librdmacm's contexts
     /// ([`Context::rdma_cm_devices`], [`Context::from_cm_id`]) to carry RDMA CM connections.
-    pub(crate) fn on_context(cm_ctx: Context, opts: EndpointOptions) -> Result<Endpoint> {
-        // A context of its own for its verbs objects: librdmacm opens each device once per
-        // process, so its context (and that context's one queue of async events) is shared by
-        // every endpoint on the device; an event about one endpoint's queue pair, CQ or SRQ
-        // would go to whichever endpoint read it first. RDMA CM needs of a queue pair only its
-        // number and attributes (`rdma_init_qp_attr`), valid on any context of the device.
-        let ctx = Context::open(cm_ctx.name())?;
-        let dopts = opts.validate(&ctx)?;
-        let driver = Driver::new(&ctx, dopts)?;
-        let srq = match opts.shared_receive_queue {
-            Some(o) => Some(SharedRecv::new(&driver, o)?),
-            None => None,
-        };
+    fn on_context(cm_ctx: Context, opts: EndpointOptions) -> Result<Endpoint> {
         Ok(Endpoint {
-            inner: Arc::new(Inner {
-                ctx,
-                cm_ctx,
-                driver,
-                memory: MemoryBudget::new(opts.memory_budget),
-                opts,
-                srq,
-                next_conn_id: AtomicU64::new(1),
-                #[cfg(feature = "metrics")]
-                conns: Arc::default(),
-            }),
+            dev: Device::on_context(cm_ctx, opts)?,
         })
     }
 
@@ -353,7 +136,7 @@ impl Endpoint {
         opts: ConnectOptions,
     ) -> Result<Connection> {
         crate::conn::resolve_first_ok(addr, |a| {
-            Connection::connect_on(Some(self.clone()), a, opts.clone())
+            Connection::connect_on(Some(self.dev.clone()), a, opts.clone())
         })
         .await
     }
@@ -390,7 +173,7 @@ impl Endpoint {
         opts: ConnectOptions,
     ) -> Result<Listener> {
         crate::conn::resolve_first_ok(addr, |a| {
-            Listener::bind_on(Some(self.clone()), a, opts.clone())
+            Listener::bind_on(Some(self.dev.clone()), a, opts.clone())
         })
         .await
     }
@@ -414,7 +197,7 @@ impl Endpoint {
     ///
     /// See [`RawConnector`].
     pub async fn raw_connector(&self, addr: SocketAddr, opts: RawOptions) -> Result<RawConnector> {
-        RawConnector::new(self, addr, opts).await
+        RawConnector::new(&self.dev, addr, opts).await
     }
 
     /// Connects a raw queue pair to `addr` with `private_data` in the request: resolve,
@@ -454,7 +237,7 @@ impl Endpoint {
     ///
     /// See [`RawListener`].
     pub fn listen_raw(&self, addr: SocketAddr, backlog: u32) -> Result<RawListener> {
-        listen_on(Some(self.clone()), addr, backlog)
+        listen_on(Some(self.dev.clone()), addr, backlog)
     }
 
     /// A snapshot of the shared receive queue, if the endpoint has one
@@ -475,48 +258,17 @@ impl Endpoint {
     /// # Ok(()) }
     /// ```
     pub fn shared_receive_stats(&self) -> Option<SrqStats> {
-        self.inner.srq.as_ref().map(|s| s.stats())
+        self.dev.shared_receive_stats()
     }
 
     /// The endpoint's memory budget now ([`EndpointOptions::memory_budget`]).
     pub fn memory_stats(&self) -> MemoryStats {
-        let m = &self.inner.memory;
-        MemoryStats {
-            budget: self.inner.opts.memory_budget,
-            in_use: m.in_use(),
-            refused: m.refused(),
-        }
-    }
-
-    /// Reserves `bytes` of the memory budget for a connection.
-    pub(crate) fn reserve_memory(&self, bytes: u64) -> Result<Reservation> {
-        self.inner.memory.reserve(bytes)
-    }
-
-    /// The next connection id (from 1).
-    pub(crate) fn next_connection_id(&self) -> u64 {
-        self.inner.next_conn_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The registry of the endpoint's live connections.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn conn_registry(&self) -> &Arc<crate::conn::observe::Registry> {
-        &self.inner.conns
-    }
-
-    /// A handle that does not keep the endpoint open.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn downgrade(&self) -> WeakEndpoint {
-        WeakEndpoint(Arc::downgrade(&self.inner))
-    }
-
-    pub(crate) fn shared_recv(&self) -> Option<&Arc<SharedRecv>> {
-        self.inner.srq.as_ref()
+        self.dev.memory_stats()
     }
 
     /// The device's name.
     pub fn device_name(&self) -> &str {
-        self.inner.ctx.name()
+        self.dev.device_name()
     }
 
     /// The device context the endpoint's verbs objects live on: one of its own (opened with
@@ -525,7 +277,7 @@ impl Endpoint {
     /// completion queue and shared receive queue come to this endpoint only. Create objects
     /// to use with the endpoint's driver here.
     pub fn context(&self) -> &Context {
-        &self.inner.ctx
+        self.dev.context()
     }
 
     /// What the device offers for on-demand paging ([`Context::odp_caps`]): whether pools
@@ -546,48 +298,105 @@ impl Endpoint {
     /// # Ok::<(), tokio_rdma::Error>(())
     /// ```
     pub fn odp_caps(&self) -> crate::verbs::OdpCaps {
-        self.inner.ctx.odp_caps()
+        self.dev.context().odp_caps()
     }
 
     /// The options in force.
     pub fn options(&self) -> &EndpointOptions {
-        &self.inner.opts
+        self.dev.options()
     }
 
     /// The completion queue's driver: create raw queue pairs on it
     /// ([`Driver::create_qp`]).
     pub fn driver(&self) -> &Driver {
-        &self.inner.driver
+        self.dev.driver()
     }
 
     /// Counters of the endpoint's completion machinery.
     pub fn stats(&self) -> DriverStats {
-        self.inner.driver.stats()
-    }
-
-    /// Whether `other` is a context of this endpoint's device (the same librdmacm context).
-    pub(crate) fn owns(&self, other: &Context) -> bool {
-        self.inner.cm_ctx.as_ptr() == other.as_ptr()
+        self.dev.driver().stats()
     }
 }
 
-/// An [`Endpoint`] that does not keep it open (the metrics exporter's).
 #[cfg(feature = "metrics")]
-pub(crate) struct WeakEndpoint(std::sync::Weak<Inner>);
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+impl Endpoint {
+    /// Starts exporting this endpoint's counters through the `metrics` facade every `period`
+    /// (feature `metrics`), labelled `device = <device name>`: the driver's [`DriverStats`](crate::driver::DriverStats),
+    /// the memory budget, the shared receive queue's [`SrqStats`](crate::conn::SrqStats) and pool (if configured),
+    /// the number of live connections, and each connection's [`ConnStats`](crate::conn::ConnStats) and pools
+    /// (labels `conn_id`, [`Connection::id`](crate::conn::Connection::id), and `peer`). The
+    /// series names are `tokio_rdma_*` (`docs/observability.md`). A connection's series get
+    /// their final values when it ends, and `tokio_rdma_conn_open` goes to 0; the facade
+    /// cannot remove a series, so let the recorder expire idle ones (e.g.
+    /// metrics-exporter-prometheus's `idle_timeout`).
+    ///
+    /// The task runs on the current Tokio runtime; it reads snapshots only (no lock held
+    /// across the export, nothing added to the data path), and stops when the returned
+    /// [`MetricsExporter`](crate::MetricsExporter) is dropped or the endpoint is closed (its last handle dropped).
+    /// Install the recorder before calling this.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a zero `period`, or if an exporter of this endpoint is
+    /// already running (one at a time: it reports each ended connection once).
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tokio_rdma::Endpoint;
+    ///
+    /// # async fn demo() -> tokio_rdma::Result<()> {
+    /// // metrics_exporter_prometheus::PrometheusBuilder::new().install()? or any recorder.
+    /// let ep = Endpoint::open_first_active()?;
+    /// let _exporter = ep.export_metrics(Duration::from_secs(5))?;
+    /// let listener = ep.listen("0.0.0.0:7471").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn export_metrics(&self, period: Duration) -> Result<crate::MetricsExporter> {
+        self.export_metrics_labeled(period, Vec::new())
+    }
 
-#[cfg(feature = "metrics")]
-impl WeakEndpoint {
-    /// The endpoint, if a handle of it is still open.
-    pub(crate) fn upgrade(&self) -> Option<Endpoint> {
-        self.0.upgrade().map(|inner| Endpoint { inner })
+    /// As [`export_metrics`](Self::export_metrics), with `labels` added to every series (to
+    /// tell several endpoints on one device apart, whose connection ids repeat).
+    ///
+    /// # Errors
+    ///
+    /// As [`export_metrics`](Self::export_metrics).
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(ep: &tokio_rdma::Endpoint) -> tokio_rdma::Result<()> {
+    /// let _exporter = ep.export_metrics_labeled(
+    ///     std::time::Duration::from_secs(1),
+    ///     vec![("endpoint", "frontend".to_string())],
+    /// )?;
+    /// # Ok(()) }
+    /// ```
+    pub fn export_metrics_labeled(
+        &self,
+        period: Duration,
+        labels: Vec<(&'static str, String)>,
+    ) -> Result<crate::MetricsExporter> {
+        crate::conn::export::start(&self.dev, period, labels)
     }
 }
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Endpoint")
-            .field("device", &self.inner.ctx.name())
-            .field("options", &self.inner.opts)
+            .field("device", &self.dev.device_name())
+            .field("options", self.dev.options())
             .finish_non_exhaustive()
     }
 }

@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use crate::verbs::QpState;
 
 mod debug;
+pub(crate) mod handshake;
 mod hint;
 mod io_kind;
 mod protocol;
@@ -640,7 +641,7 @@ pub enum Error {
     /// options; a foreign peer (a C program) needs raw connections
     /// ([`RawConnector`](crate::conn::RawConnector), `docs/interop.md`).
     #[error("handshake: {0}")]
-    Handshake(#[from] crate::conn::handshake::HandshakeError),
+    Handshake(#[from] handshake::HandshakeError),
 }
 
 fn device_hint(available: &[String]) -> &'static str {

@@ -54,8 +54,10 @@
 //!
 //! Underneath, a private sans-IO core (`proto`: the in-flight operation table, queue
 //! accounting, and the connection protocol state machine) holds every decision the Tokio shell
-//! carries out. Each layer uses only the ones below it: `verbs`; `proto` and `buf` on it;
-//! `driver` on `proto`; `ops` on `driver` and `buf`; `conn` and `Endpoint` on top.
+//! carries out. Each layer uses only the ones below it, in the order `sys`, `verbs`, `proto`,
+//! `driver`, `buf`, `ops`, `conn`, `Endpoint` (`error` and `sync` are leaves every layer uses);
+//! `tests/layers.rs` checks it, and that the files of no directory form an import cycle
+//! (`docs/architecture.md`, "Layers, owners and locks").
 //!
 //! Device tests run on soft-RoCE (`rdma_rxe`) in a QEMU VM: see `docs/testing.md`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -65,8 +67,6 @@ pub mod conn;
 pub mod driver;
 mod endpoint;
 mod error;
-#[cfg(feature = "metrics")]
-mod metrics_export;
 pub mod ops;
 // The sans-IO core is private; the micro-benchmarks (`bench-internals`) and the fuzz targets
 // (`fuzz-internals`, fuzz/) reach it through a hidden module, never through the normal API.
@@ -79,8 +79,8 @@ mod sync;
 mod sys;
 pub mod verbs;
 
-pub use endpoint::{DEFAULT_MEMORY_BUDGET, Endpoint, EndpointOptions, MemoryStats};
-pub use error::{Error, ProtocolError, QpFailure, Result, WcStatus};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub use metrics_export::MetricsExporter;
+pub use conn::export::MetricsExporter;
+pub use endpoint::{DEFAULT_MEMORY_BUDGET, Endpoint, EndpointOptions, MemoryStats};
+pub use error::{Error, ProtocolError, QpFailure, Result, WcStatus};

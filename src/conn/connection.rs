@@ -4,32 +4,31 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
-use tracing::{Instrument, debug};
+use tracing::Instrument;
 
 use super::driver;
 use super::handshake::{Flags, Negotiated};
 use super::io::{ConnIo, IoConfig};
+use super::lifecycle;
 use super::memory::Reservation;
-use super::observe::{self, ClosedBy, Observed};
+use super::observe::{ClosedBy, Observed};
 use super::options::ConnectOptions;
 use super::raw::RawConnection;
 use super::setup;
 use super::shared::ConnShared;
 use super::srq::SrqShare;
-use super::stream::RdmaStream;
+use super::stats::ConnStats;
 use crate::buf::{
-    CacheConfig, Grant, IoBufMut, MrRegistrar, Pool, PoolConfig, PoolMetrics, RegCache, Registered,
+    CacheConfig, Grant, IoBufMut, MrRegistrar, Pool, PoolConfig, RegCache, Registered,
     RegisteredBytes, RemoteAccess, SharedGrant, SharedRegion,
 };
 use crate::driver::AsyncQp;
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::proto::conn::{ConnConfig, ConnCounters, ConnProto};
+use crate::proto::conn::{ConnConfig, ConnProto};
 use crate::verbs::ProtectionDomain;
 
 /// An established RDMA connection.
@@ -72,7 +71,7 @@ pub struct Connection {
     pub(super) shared: Arc<ConnShared>,
     peer: Option<SocketAddr>,
     local: Option<SocketAddr>,
-    span: tracing::Span,
+    pub(super) span: tracing::Span,
     /// What this side offered in the handshake (one-sided access, atomics).
     pub(super) offered: Flags,
     pub(super) user_pool: OnceLock<Pool>,
@@ -83,43 +82,6 @@ pub struct Connection {
     /// What [`register_bytes`](Self::register_bytes) registered: `send_bytes` of memory inside
     /// a live registration sends it without copying.
     pub(super) registered: OnceLock<Registered>,
-}
-
-/// Counters of one connection.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConnStats {
-    /// The protocol's counters (messages, chunks, credits, aborts, withheld re-posts).
-    pub protocol: ConnCounters,
-    /// Bytes of received data the application holds now (the receive budget in use).
-    pub recv_bytes_held: u64,
-    /// Bytes of the connection's private message buffers in use now (posted receives,
-    /// received data the application still holds, sends in flight).
-    pub buffer_bytes_in_use: u64,
-    /// Message bytes sent inline in the work request (copied by the device at post time).
-    pub send_bytes_inline: u64,
-    /// Message bytes copied into the connection's staging buffers to be sent.
-    pub send_bytes_copied: u64,
-    /// Message bytes sent straight from the application's registered memory
-    /// ([`send_bytes`](Connection::send_bytes), [`send_buf`](Connection::send_buf)),
-    /// including the messages the peer read by rendezvous (whose 24-byte descriptors count as
-    /// inline).
-    pub send_bytes_zero_copy: u64,
-    /// Received message bytes the CPU copied: chunks reassembled into one message, messages
-    /// copied into a [`recv_into`](Connection::recv_into) buffer.
-    pub recv_bytes_copied: u64,
-    /// Received message bytes the device read by rendezvous straight into their destination.
-    pub recv_bytes_fetched: u64,
-    /// The connection's private receive pool, registered once at setup:
-    /// `(2 x recv_credits + 3)` buffers of `recv_buf_size` bytes (posted receives, as many
-    /// again held by the application, and the control receives). Its `bytes_registered` is
-    /// the registered receive memory of this connection (pages rounded up).
-    pub recv_pool: PoolMetrics,
-    /// The connection's send staging pool, registered once at setup: `min(send_credits,
-    /// max_staged_chunks, send-queue share) + 1` buffers of the chunk size,
-    /// `min(peer's recv_buf_size, max_send_chunk)` ([`ConnectOptions::max_staged_chunks`],
-    /// [`ConnectOptions::max_send_chunk`]): local limits, whatever the peer announced.
-    pub staging_pool: PoolMetrics,
 }
 
 /// The largest RDMA READ to post at once: the device's largest message (ports of one device
@@ -142,72 +104,6 @@ pub(crate) struct Starting {
 }
 
 impl Connection {
-    /// Connects to a listener at `addr` with default options. `addr` is anything Tokio's
-    /// networking types take: a `SocketAddr`, `"192.0.2.1:7471"`, `("host", 7471)`, a host
-    /// name with a port; every address it resolves to is tried in order until one connects.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LookupHost`] if `addr` does not resolve; resolution or connection errors ([`Error::ConnectionRejected`] with the peer's reason,
-    /// [`Error::CmEventFailed`] for an unreachable peer, [`Error::Timeout`]), handshake errors
-    /// ([`Error::Handshake`]), or verb errors.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future abandons the attempt; the half-made connection is torn down.
-    pub async fn connect(
-        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
-    ) -> Result<Connection> {
-        Connection::connect_with(addr, ConnectOptions::default()).await
-    }
-
-    /// Connects to `addr` with `opts`.
-    ///
-    /// # Errors
-    ///
-    /// As [`connect`](Self::connect).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`connect`](Self::connect).
-    pub async fn connect_with(
-        addr: impl tokio::net::ToSocketAddrs + std::fmt::Debug,
-        opts: ConnectOptions,
-    ) -> Result<Connection> {
-        super::addr::first_ok(addr, |a| Connection::connect_on(None, a, opts.clone())).await
-    }
-
-    /// Connects through `endpoint`, or (`None`) through an endpoint of its own on the device
-    /// `addr` resolves to.
-    pub(crate) async fn connect_on(
-        endpoint: Option<Endpoint>,
-        addr: SocketAddr,
-        opts: ConnectOptions,
-    ) -> Result<Connection> {
-        let span = observe::conn_span(Some(addr), "client");
-        let timeout = opts.connect_timeout;
-        let choice = match endpoint {
-            Some(ep) => setup::EndpointChoice::Given(ep),
-            None => setup::EndpointChoice::Own,
-        };
-        let res = match tokio::time::timeout(
-            timeout,
-            setup::connect(choice, addr, opts, span.clone()).instrument(span.clone()),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                what: "connection setup",
-                after: timeout,
-            }),
-        };
-        if let Err(e) = &res {
-            observe::setup_failed(&span, e);
-        }
-        res
-    }
-
     /// Setup, phase 1 (before the peer learns this side's credits): builds the state machine
     /// on `qp` (in `pd`, with the private buffers of `pool`) and posts its receives.
     /// `receive`: the receive pool, the claim on the shared receive queue if it receives
@@ -310,7 +206,7 @@ impl Connection {
         tokio::spawn(
             driver::run(shared.clone(), Arc::new(parts.id), parts.events).instrument(span.clone()),
         );
-        observe::established(&shared);
+        lifecycle::established(&shared);
         Connection {
             shared,
             peer,
@@ -554,15 +450,15 @@ impl Connection {
 
     /// Counters of this connection.
     pub fn stats(&self) -> ConnStats {
-        observe::stats(&self.shared)
+        lifecycle::stats(&self.shared)
     }
 
-    /// This connection's id: unique among the connections of its [`Endpoint`] (a counter
-    /// from 1; the shorthands [`connect`](Self::connect) and [`Listener::bind`] use an
-    /// endpoint per client or per device, so their ids repeat across endpoints). It is the
-    /// `conn_id` field of the connection's `conn` tracing span, which also carries `peer`,
-    /// `side` and the local `qpn`, and the `conn_id` label of its metrics
-    /// (`docs/observability.md`).
+    /// This connection's id: unique among the connections of its
+    /// [`Endpoint`](crate::Endpoint) (a counter from 1; the shorthands
+    /// [`connect`](Self::connect) and [`Listener::bind`] use an endpoint per client or per
+    /// device, so their ids repeat across endpoints). It is the `conn_id` field of the
+    /// connection's `conn` tracing span, which also carries `peer`, `side` and the local
+    /// `qpn`, and the `conn_id` label of its metrics (`docs/observability.md`).
     ///
     /// [`Listener::bind`]: crate::conn::Listener::bind
     ///
@@ -613,93 +509,13 @@ impl Connection {
     pub fn failure(&self) -> Option<crate::QpFailure> {
         self.shared.io.lock().proto.failure().cloned()
     }
-
-    /// Turns the connection into a byte stream (`AsyncRead + AsyncWrite`), for codecs.
-    pub fn into_stream(self) -> RdmaStream {
-        RdmaStream::new(self)
-    }
-
-    /// Half-closes the connection: end of stream goes out after the messages already being
-    /// sent (the peer's [`recv`](Self::recv) returns `Ok(None)` after them); this side can
-    /// still receive until the peer closes too. Later sends fail. Resolves once the peer's
-    /// device acknowledged the end of stream.
-    ///
-    /// # Errors
-    ///
-    /// The connection's failure.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: end of stream is sent once, whether or not this future is polled again.
-    pub async fn shutdown(&self) -> Result<()> {
-        observe::close(&self.shared, ClosedBy::Close, false);
-        self.wait_close().await
-    }
-
-    /// Closes the connection: end of stream after the messages already being sent; resolves
-    /// once the outcome is known. The disconnect and the teardown (the queue pair moved to the
-    /// error state, every outstanding operation resolved exactly once, buffers back to their
-    /// pools, the queue pair destroyed) follow in the connection's task, as for a drop.
-    ///
-    /// `Ok` comes as soon as this side's end of stream is delivered (acknowledged by the
-    /// peer's device, or confirmed by the peer): it does not wait for the disconnect's round
-    /// trip through RDMA CM nor for the flushes. In the background the connection then
-    /// confirms the peer's end of stream, or waits for it if it has not arrived (a full close:
-    /// at most the keepalive timeout, as TCP's `FIN_WAIT_2`), and disconnects once both ends
-    /// know (docs/connections.md, "Close and failure"), so that a clean close returns `Ok` on
-    /// both sides. A failure is reported once every data send is accounted for (completed,
-    /// or flushed by the teardown).
-    ///
-    /// # Errors
-    ///
-    /// `Ok` means every message this side sent reached the peer: its end of stream was
-    /// acknowledged or confirmed, or the peer's end of stream had arrived and every data send
-    /// was acknowledged. An error is the connection's failure, and means messages whose
-    /// `send` returned `Ok` may not have reached the peer (it is closed anyway).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: the close goes on in the background if the future is dropped.
-    pub async fn close(&self) -> Result<()> {
-        let t0 = Instant::now();
-        observe::close(&self.shared, ClosedBy::Close, true);
-        let res = self.wait_close().await;
-        if res.is_ok() {
-            debug!(
-                parent: &self.span,
-                qpn = self.shared.qp.qpn(),
-                took = ?t0.elapsed(),
-                "close(): end of stream delivered (the teardown goes on in the background)"
-            );
-            return res;
-        }
-        // Failed before our end of stream was known delivered. What reached the peer is known
-        // once every data send is accounted for (completed, flushed, or given up): at once if
-        // none is outstanding, else after the teardown's drain (bounded by its limits).
-        let io = &self.shared.io;
-        if io.with(|s| super::io::ConnIo::data_sends_outstanding(s)) {
-            crate::driver::wait_until(&io.done, || io.torn_down.load(Ordering::Acquire)).await;
-        }
-        let out = io.with(|s| {
-            let unaccounted = super::io::ConnIo::data_sends_outstanding(s);
-            s.proto.close_outcome(unaccounted)
-        });
-        debug!(
-            parent: &self.span,
-            qpn = self.shared.qp.qpn(),
-            took = ?t0.elapsed(),
-            ok = out.is_ok(),
-            "close(): the connection failed first; outcome once every data send is accounted for"
-        );
-        out
-    }
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
         // The driver task closes (end of stream, disconnect, drain) in the background; it
         // never blocks here.
-        observe::close(&self.shared, ClosedBy::Drop, true);
+        lifecycle::close(&self.shared, ClosedBy::Drop, true);
     }
 }
 

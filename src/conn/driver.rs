@@ -1,6 +1,6 @@
 //! The driver task of one connection: timers, RDMA CM events, refills and teardown. It is
 //! not on the message path (the connection's completions go straight into its state machine,
-//! see `io.rs`); it is woken only when the state machine has a deadline earlier than the one
+//! see `io/`); it is woken only when the state machine has a deadline earlier than the one
 //! it sleeps until, ran out of receive buffers, or wants to disconnect.
 
 use std::sync::Arc;
@@ -119,7 +119,7 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
 async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     let io = &shared.io;
     // How it ended, before the failure below (an event if it failed).
-    let (ending, failure) = super::observe::teardown_started(shared);
+    let (ending, failure) = super::lifecycle::teardown_started(shared);
     let cause = io.with(|s| {
         s.proto.fail(QpFailure::Closed);
         s.draining = true;
@@ -195,7 +195,7 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     io.torn_down
         .store(true, std::sync::atomic::Ordering::Release);
     io.done.notify_waiters();
-    super::observe::torn_down(shared, ending, failure.as_ref(), drained);
+    super::lifecycle::torn_down(shared, ending, failure.as_ref(), drained);
     // Consume the CM events that follow a disconnect (TIMEWAIT_EXIT) so the id can go.
     let _ = tokio::time::timeout(Duration::from_millis(100), async {
         while let Ok(ev) = events.next().await {
@@ -222,8 +222,8 @@ impl Drop for TaskGone {
         }
         debug!("connection task dropped before its teardown (runtime shut down)");
         io.with(|s| s.proto.fail(QpFailure::DriverStopped));
-        let (ending, failure) = super::observe::teardown_started(&self.0);
-        super::observe::torn_down(&self.0, ending, failure.as_ref(), false);
+        let (ending, failure) = super::lifecycle::teardown_started(&self.0);
+        super::lifecycle::torn_down(&self.0, ending, failure.as_ref(), false);
         self.0.qp.force_error(QpFailure::DriverStopped);
         io.torn_down
             .store(true, std::sync::atomic::Ordering::Release);

@@ -13,13 +13,14 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::connection::Connection;
+use super::device::Device;
+use super::establish;
 use super::handshake::HandshakeError;
 use super::observe;
 use super::options::ConnectOptions;
 use super::raw::{self, RawListener, RawRequest};
 use super::setup;
 use super::stream::RdmaStream;
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 
 /// The reason a connection request gets, in its reject's private data, when
@@ -207,7 +208,7 @@ impl Listener {
     /// Binds on `endpoint` (its device only), or (`None`) on an endpoint per device that
     /// requests arrive on, opened on first use.
     pub(crate) async fn bind_on(
-        endpoint: Option<Endpoint>,
+        endpoint: Option<Device>,
         addr: SocketAddr,
         opts: ConnectOptions,
     ) -> Result<Listener> {
@@ -455,7 +456,7 @@ fn on_request(
     setups.spawn(
         async move {
             let timeout = opts.handshake_timeout;
-            let setup = setup::accept(req, &opts, &shared.endpoints, tracing::Span::current());
+            let setup = establish::accept(req, &opts, &shared.endpoints, tracing::Span::current());
             let result = match tokio::time::timeout(timeout, setup).await {
                 Ok(r) => r,
                 Err(_) => Err(Error::Timeout {

@@ -1,17 +1,16 @@
-//! Messages on a [`Connection`]: `send` hands the state machine's chunks to the queue pair,
-//! `recv` takes delivered messages from it; both poll the completion queue in place while
-//! they wait.
+//! Sending messages on a [`Connection`]: `send` (and `send_bytes`, `send_buf`) hands the
+//! state machine's chunks to the queue pair, polling the completion queue in place while it
+//! waits; a large owned message goes by rendezvous. The receive side is `rendezvous.rs`.
 
-use std::task::{Context, Poll};
+use std::task::Poll;
 
 use super::connection::Connection;
 use bytes::Bytes;
 
-use super::io::{ConnState, Source};
-use super::rendezvous::RdvSource;
-use super::shared::Message;
+use super::io::Source;
+use super::progress::Progress;
+use super::rdv_memory::RdvSource;
 use crate::buf::{PoolBuf, blocking};
-use crate::driver::{WaitKind, Waiter};
 use crate::error::{Error, QpFailure, Result};
 
 /// Cancels the message in the state machine if the send is dropped before handing out its
@@ -60,8 +59,8 @@ impl Connection {
     /// Sends `msg` like [`send`](Self::send), without copying it when its memory is
     /// registered in this connection's protection domain: a buffer of this connection's
     /// [`pool`](Self::pool) ([`PoolBuf::freeze`](crate::buf::PoolBuf::freeze), or
-    /// [`send_buf`](Self::send_buf)), or a received [`Message`]'s
-    /// [`into_bytes`](Message::into_bytes) (forwarding it), or memory inside a live
+    /// [`send_buf`](Self::send_buf)), or a received [`Message`](super::Message)'s
+    /// [`into_bytes`](super::Message::into_bytes) (forwarding it), or memory inside a live
     /// [`register_bytes`](Self::register_bytes) registration. Chunks go straight from those
     /// bytes to the peer; the connection keeps a reference to them until the device has read
     /// them, so their memory returns to its pool only then. Once the connection has a
@@ -267,113 +266,6 @@ impl Connection {
         guard.armed = false;
         Ok(())
     }
-
-    /// Receives the next message. `Ok(None)` means the peer closed its side cleanly after
-    /// every message it sent; a failure is always an error, never `Ok(None)`.
-    ///
-    /// Drop the [`Message`] when done with it: until then it counts against the receive
-    /// budget, and the peer is held back when the budget is used up.
-    ///
-    /// # Errors
-    ///
-    /// The connection's failure ([`Error::QpFailed`](crate::Error::QpFailed)), e.g.
-    /// [`QpFailure::Protocol`](crate::QpFailure::Protocol) if the peer broke the protocol.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a message leaves the connection only when this returns it; any number of
-    /// tasks may wait at once.
-    pub async fn recv(&self) -> Result<Option<Message>> {
-        self.recv_message().await
-    }
-}
-
-impl Connection {
-    /// Waits until end of stream was sent and acknowledged (or the connection failed).
-    pub(super) async fn wait_close(&self) -> Result<()> {
-        Progress::new(self)
-            .run(|s, cx| s.proto.poll_close(cx))
-            .await
-    }
-}
-
-/// Waits on the connection's state with completions polled in place: each poll first looks at
-/// the state, then polls the completion queue itself (the connection's completions go straight
-/// into its state machine) and looks again, then spins or sleeps as the endpoint's completion
-/// mode says. No task sits between a completion and the future that waits for it.
-pub(super) struct Progress<'a> {
-    conn: &'a Connection,
-    waiter: Waiter,
-}
-
-impl<'a> Progress<'a> {
-    pub(super) fn new(conn: &'a Connection) -> Progress<'a> {
-        let mut waiter = Waiter::default();
-        waiter.start(conn.shared.qp.shared());
-        Progress { conn, waiter }
-    }
-
-    pub(super) async fn run<T>(
-        &mut self,
-        mut f: impl FnMut(&mut ConnState, &mut Context<'_>) -> Poll<Result<T>>,
-    ) -> Result<T> {
-        // The state's change count when `f` last looked (read under the lock, so any later
-        // change counts past it): while spinning, `f` (and the state machine's pump behind
-        // `with`) runs again only once something changed.
-        let mut seen: Option<u64> = None;
-        // The waker `f` registered last: polled with another one (the future moved to another
-        // task, as a stream's write that goes on in a task of its own), `f` must look again to
-        // register it, changed state or not.
-        let mut registered: Option<std::task::Waker> = None;
-        std::future::poll_fn(|cx| {
-            // Tokio's cooperative budget, as its own I/O types: a task whose operations are
-            // always ready at once (queued messages, completions found in place) still yields
-            // to the runtime's other tasks once its budget is spent.
-            let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
-            if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                registered = Some(cx.waker().clone());
-                seen = None;
-            }
-            let conn = &self.conn.shared;
-            let io = &conn.io;
-            // Looks at the state unless it is unchanged since the last look. Looks first, then polls in place as many times as the mode says (none in event
-            // mode: see `Shared::in_place_polls`), looking again after each poll that changed
-            // the state.
-            let polls = conn.qp.shared().in_place_polls();
-            for n in 0..=polls {
-                if n > 0 {
-                    if n > 1 {
-                        std::hint::spin_loop();
-                    }
-                    conn.qp.poll_completions();
-                }
-                if seen == Some(io.changes()) {
-                    continue;
-                }
-                let looked = io.with(|s| {
-                    seen = Some(io.changes());
-                    f(s, cx)
-                });
-                if let Poll::Ready(v) = looked {
-                    coop.made_progress();
-                    self.waiter.done(conn.qp.shared(), WaitKind::Recv);
-                    return Poll::Ready(v);
-                }
-            }
-            // `f` registered this task's waker the last time it looked; nothing changed since.
-            if self.waiter.keep_spinning(conn.qp.shared(), WaitKind::Recv) {
-                cx.waker().wake_by_ref();
-            }
-            Poll::Pending
-        })
-        .await
-    }
-}
-
-impl Drop for Progress<'_> {
-    fn drop(&mut self) {
-        self.waiter.leave(self.conn.shared.qp.shared());
-    }
 }
 
 /// Bytes sent under a lease on their registration (the registration cache's, or
@@ -386,5 +278,17 @@ struct Leased<L> {
 impl<L> AsRef<[u8]> for Leased<L> {
     fn as_ref(&self) -> &[u8] {
         &self.bytes
+    }
+}
+
+impl Connection {
+    /// Whether a message of `len` bytes from owned memory goes by rendezvous.
+    pub(super) fn by_rendezvous(&self, len: usize) -> bool {
+        self.shared.params.rendezvous
+            && self
+                .shared
+                .io
+                .rdv_threshold
+                .is_some_and(|t| len as u64 >= t)
     }
 }

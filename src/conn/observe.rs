@@ -2,19 +2,17 @@
 //! [`Endpoint`]), the `conn` span that carries the id, the peer and the local queue pair
 //! number, and one event each for setup, failure and teardown (how it ended). With the
 //! `metrics` feature, also the registry the endpoint's exporter reads the live connections'
-//! counters from (`crate::metrics`). Nothing here is on the message path: it runs at setup,
-//! at close and at teardown. The names are in `docs/observability.md`.
+//! counters from (`export.rs`). Nothing here is on the message path: it runs at setup, at
+//! close and at teardown. The events that need the connection's state are in `lifecycle.rs`.
+//! The names are in `docs/observability.md`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
 
 use tracing::field::Empty;
-use tracing::{Span, info, info_span, warn};
+use tracing::{Span, info_span, warn};
 
-use super::connection::ConnStats;
-use super::shared::ConnShared;
-use crate::endpoint::Endpoint;
 use crate::error::{Error, QpFailure};
 
 /// The `conn` span of a connection being set up on `side` ("client" or "server") with `peer`:
@@ -26,11 +24,9 @@ pub(crate) fn conn_span(peer: Option<SocketAddr>, side: &'static str) -> Span {
     }
 }
 
-/// Takes the next connection id of `endpoint` and records it on `span`.
-pub(crate) fn assign_id(span: &Span, endpoint: &Endpoint) -> u64 {
-    let id = endpoint.next_connection_id();
+/// Records the connection's id on `span`.
+pub(crate) fn record_id(span: &Span, id: u64) {
     span.record("conn_id", id);
-    id
 }
 
 /// Records the local queue pair number on `span`.
@@ -124,10 +120,12 @@ pub(crate) struct Observed {
 }
 
 impl Observed {
-    /// The connection `id` of `endpoint`, with its `span`, once set up.
-    pub(crate) fn new(span: Span, id: u64, endpoint: &Endpoint) -> Observed {
-        #[cfg(not(feature = "metrics"))]
-        let _ = endpoint;
+    /// The connection `id` with its `span`; `registry`: its endpoint's (feature `metrics`).
+    pub(crate) fn new(
+        span: Span,
+        id: u64,
+        #[cfg(feature = "metrics")] registry: std::sync::Arc<Registry>,
+    ) -> Observed {
         Observed {
             id,
             span,
@@ -136,41 +134,23 @@ impl Observed {
             closed_by: AtomicU8::new(ClosedBy::Open as u8),
             peer_first: AtomicU8::new(0),
             #[cfg(feature = "metrics")]
-            registry: endpoint.conn_registry().clone(),
+            registry,
         }
     }
 
-    fn closed_by(&self) -> ClosedBy {
+    /// How this side closed so far.
+    pub(crate) fn closed_by(&self) -> ClosedBy {
         match self.closed_by.load(Ordering::Acquire) {
             1 => ClosedBy::Close,
             2 => ClosedBy::Drop,
             _ => ClosedBy::Open,
         }
     }
-}
 
-/// The setup event: the connection is established (`shared` is its new state).
-pub(crate) fn established(shared: &std::sync::Arc<ConnShared>) {
-    let p = &shared.params;
-    info!(
-        parent: &shared.obs.span,
-        recv_credits = p.recv_credits,
-        send_credits = p.send_credits,
-        recv_buf_size = p.recv_buf_size,
-        max_send_size = p.max_send_size,
-        rendezvous = p.rendezvous,
-        "connection established"
-    );
-    #[cfg(feature = "metrics")]
-    shared.obs.registry.add(shared);
-}
-
-/// This side closes (`by`): notes how, the first time, then closes the state machine (`full`:
-/// a full close, else a half close).
-pub(crate) fn close(shared: &ConnShared, by: ClosedBy, full: bool) {
-    shared.io.with(|s| {
-        let obs = &shared.obs;
-        if obs
+    /// This side closes (`by`): noted the first time, with whether the peer's end of stream
+    /// had arrived (`peer_closed`).
+    pub(crate) fn note_close(&self, by: ClosedBy, peer_closed: bool) {
+        if self
             .closed_by
             .compare_exchange(
                 ClosedBy::Open as u8,
@@ -180,96 +160,30 @@ pub(crate) fn close(shared: &ConnShared, by: ClosedBy, full: bool) {
             )
             .is_ok()
         {
-            obs.peer_first
-                .store(u8::from(s.proto.peer_closed()), Ordering::Release);
+            self.peer_first
+                .store(u8::from(peer_closed), Ordering::Release);
         }
-        if full {
-            s.proto.close_full();
-        } else {
-            s.proto.close();
-        }
-    });
-}
-
-/// The teardown starts: how the connection ended, from its state now (before the teardown
-/// fails it with `Closed`); a failure's event goes out here.
-pub(crate) fn teardown_started(shared: &ConnShared) -> (Ending, Option<QpFailure>) {
-    // Read only (no pump: the teardown's own first step follows).
-    let (failure, clean) = {
-        let s = shared.io.lock();
-        let unaccounted = super::io::ConnIo::data_sends_outstanding(&s);
-        (
-            s.proto.failure().cloned(),
-            s.proto.close_outcome(unaccounted).is_ok(),
-        )
-    };
-    let obs = &shared.obs;
-    let ending = classify(
-        failure.as_ref(),
-        clean,
-        obs.closed_by(),
-        obs.peer_first.load(Ordering::Acquire) == 1,
-    );
-    if let (Ending::Error | Ending::KeepaliveTimeout, Some(f)) = (ending, &failure) {
-        warn!(parent: &obs.span, error = %f, detail = ?f, "connection failed");
     }
-    (ending, failure)
-}
 
-/// The teardown event: the connection is gone (`drained`: every work request flushed), with
-/// its lifetime totals.
-pub(crate) fn torn_down(
-    shared: &ConnShared,
-    ending: Ending,
-    cause: Option<&QpFailure>,
-    drained: bool,
-) {
-    let stats = stats(shared);
-    let c = &stats.protocol;
-    let obs = &shared.obs;
-    info!(
-        parent: &obs.span,
-        ending = ending.as_str(),
-        cause = cause.map(tracing::field::display),
-        drained,
-        lifetime = ?obs.started.elapsed(),
-        messages_sent = c.messages_sent,
-        messages_received = c.messages_received,
-        bytes_sent = c.bytes_sent,
-        bytes_received = c.bytes_received,
-        "connection closed"
-    );
+    /// Whether the peer's end of stream had arrived when this side closed.
+    pub(crate) fn peer_first(&self) -> bool {
+        self.peer_first.load(Ordering::Acquire) == 1
+    }
+
+    /// How long since the connection was set up.
+    pub(crate) fn lifetime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// The endpoint's registry of live connections.
     #[cfg(feature = "metrics")]
-    obs.registry.ended(obs.id, obs.peer, stats);
-}
-
-/// Counters of the connection `shared` ([`Connection::stats`](super::Connection::stats)).
-pub(crate) fn stats(shared: &ConnShared) -> ConnStats {
-    let (protocol, held, sent, recvd) = {
-        let s = shared.io.lock();
-        (
-            s.proto.counters(),
-            s.proto.held().0,
-            s.sent_bytes,
-            s.recv_bytes,
-        )
-    };
-    ConnStats {
-        protocol,
-        recv_bytes_held: held,
-        buffer_bytes_in_use: shared.io.buffer_bytes_in_use(),
-        send_bytes_inline: sent.inline,
-        send_bytes_copied: sent.staged,
-        send_bytes_zero_copy: sent.zero_copy,
-        recv_bytes_copied: recvd.copied + protocol.bytes_reassembled,
-        recv_bytes_fetched: recvd.fetched,
-        recv_pool: shared.io.pool().metrics(),
-        staging_pool: shared.io.staging().metrics(),
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
     }
 }
 
 #[cfg(feature = "metrics")]
-pub(crate) use registry::{ConnSnapshot, Registry};
+pub(crate) use registry::{ConnSnapshot, Registry, Source};
 
 /// The live connections of an endpoint, for its metrics exporter.
 #[cfg(feature = "metrics")]
@@ -279,8 +193,16 @@ mod registry {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-    use super::super::connection::ConnStats;
-    use super::super::shared::ConnShared;
+    use super::Observed;
+    use crate::conn::stats::ConnStats;
+
+    /// A live connection as the registry sees it (its state, in `lifecycle.rs`).
+    pub(crate) trait Source: Send + Sync {
+        /// Its identity.
+        fn observed(&self) -> &Observed;
+        /// Its counters now.
+        fn stats(&self) -> ConnStats;
+    }
 
     /// One connection's counters at an export.
     #[derive(Debug)]
@@ -302,7 +224,7 @@ mod registry {
 
     #[derive(Debug, Default)]
     struct Inner {
-        live: HashMap<u64, Weak<ConnShared>>,
+        live: HashMap<u64, Weak<dyn Source>>,
         ended: Vec<ConnSnapshot>,
     }
 
@@ -311,10 +233,9 @@ mod registry {
             self.inner.lock().unwrap_or_else(|e| e.into_inner())
         }
 
-        pub(crate) fn add(&self, shared: &Arc<ConnShared>) {
-            self.lock()
-                .live
-                .insert(shared.obs.id, Arc::downgrade(shared));
+        pub(crate) fn add(&self, conn: Arc<dyn Source>) {
+            let id = conn.observed().id;
+            self.lock().live.insert(id, Arc::downgrade(&conn));
         }
 
         pub(crate) fn ended(&self, id: u64, peer: Option<SocketAddr>, stats: ConnStats) {
@@ -354,9 +275,9 @@ mod registry {
             let mut out: Vec<ConnSnapshot> = live
                 .iter()
                 .map(|c| ConnSnapshot {
-                    id: c.obs.id,
-                    peer: c.obs.peer,
-                    stats: super::stats(c),
+                    id: c.observed().id,
+                    peer: c.observed().peer,
+                    stats: c.stats(),
                     open: true,
                 })
                 .collect();

@@ -1,223 +1,22 @@
-//! Rendezvous on a [`Connection`], the shell side of
-//! [`proto::conn`](crate::proto::conn)'s rendezvous: the sender opens exactly the message's
-//! memory to this peer for reading (a registration of its own, in the connection's protection
-//! domain, kept with the bytes until the peer acknowledged), the receiver reads it straight
-//! into its destination with RDMA READs posted on the connection's queue pair and driven by
-//! its completions, and [`recv_into`](Connection::recv_into) lets that destination be the
-//! caller's own buffer.
+//! Receiving messages on a [`Connection`] ([`recv`](Connection::recv),
+//! [`recv_into`](Connection::recv_into)), rendezvous messages included: the shell side of
+//! [`proto::conn`](crate::proto::conn)'s rendezvous. The sender opens exactly the message's
+//! memory to this peer for reading (`rdv_memory.rs`: a registration of its own, in the
+//! connection's protection domain, kept with the bytes until the peer acknowledged); the
+//! receiver reads it straight into its destination with RDMA READs posted on the connection's
+//! queue pair and driven by its completions (`io/fetch.rs`), and `recv_into` lets that
+//! destination be the caller's own buffer.
 
-use std::any::Any;
 use std::task::Poll;
 
-use bytes::Bytes;
-
 use super::connection::Connection;
-use super::io::{ConnIo, ConnState, Retired, Sent};
-use super::messages::Progress;
+use super::io::ConnIo;
+use super::progress::Progress;
+use super::rdv_memory::{Fetch, FetchBuf, UserDest, zeroed};
 use super::shared::Message;
-use crate::buf::blocking;
 use crate::buf::{IoBufMut, PoolBuf};
 use crate::error::{Error, Result};
 use crate::proto::conn::{Delivery, RemoteMsg};
-use crate::verbs::{AccessFlags, MemoryRegion, ProtectionDomain, SendOp, Sge, explain_reg_error};
-
-/// The memory of a rendezvous message this side sent, until the peer read it.
-#[derive(Debug)]
-pub(crate) struct RdvSource {
-    /// Declared first: deregistered before the bytes may go.
-    _mr: MemoryRegion,
-    _bytes: Bytes,
-}
-
-impl RdvSource {
-    /// Opens `bytes` to the peer of `pd`'s connection for RDMA READ. The registration (which
-    /// pins every page: long for a large message) runs off the runtime's worker threads; the
-    /// bytes move into it, so a caller dropped meanwhile frees nothing it uses.
-    pub(crate) async fn open(pd: &ProtectionDomain, bytes: Bytes) -> Result<RdvSource> {
-        let pd = pd.clone();
-        blocking::run_for(bytes.len(), move || RdvSource::register(&pd, bytes)).await
-    }
-
-    fn register(pd: &ProtectionDomain, bytes: Bytes) -> Result<RdvSource> {
-        // SAFETY: the region is kept with `bytes` (which never move or free their storage
-        // while a handle lives) and dropped first; READ-only access never writes the memory.
-        let mr = unsafe {
-            MemoryRegion::register(
-                pd,
-                bytes.as_ptr().cast_mut(),
-                bytes.len(),
-                AccessFlags::REMOTE_READ,
-            )
-        }
-        .map_err(explain_reg_error)?;
-        Ok(RdvSource {
-            _mr: mr,
-            _bytes: bytes,
-        })
-    }
-
-    /// The message's length.
-    pub(crate) fn len(&self) -> u64 {
-        self._bytes.len() as u64
-    }
-
-    /// The descriptor the peer reads the message with.
-    pub(crate) fn descriptor(&self) -> [u8; crate::proto::conn::DESCRIPTOR_LEN as usize] {
-        RemoteMsg::encode(
-            self._bytes.as_ptr() as u64,
-            self._bytes.len() as u64,
-            self._mr.rkey(),
-        )
-    }
-}
-
-/// A rendezvous read's destination.
-trait FetchBuf: Send + std::fmt::Debug {
-    /// The first `len` bytes (the read wrote them).
-    fn bytes(&self, len: usize) -> &[u8];
-    /// The first `len` bytes as a vector, and whether they had to be copied.
-    fn into_vec(self: Box<Self>, len: usize) -> (Vec<u8>, bool);
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
-}
-
-impl FetchBuf for Vec<u8> {
-    fn bytes(&self, len: usize) -> &[u8] {
-        &self[..len]
-    }
-    fn into_vec(self: Box<Self>, len: usize) -> (Vec<u8>, bool) {
-        let mut v = *self;
-        v.truncate(len);
-        (v, false)
-    }
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
-        self
-    }
-}
-
-/// The caller's buffer of a [`recv_into`](Connection::recv_into).
-#[derive(Debug)]
-struct UserDest<B>(B);
-
-impl<B: IoBufMut + std::fmt::Debug> FetchBuf for UserDest<B> {
-    fn bytes(&self, len: usize) -> &[u8] {
-        assert!(len <= self.0.bytes_total());
-        // SAFETY: the buffer's memory is stable and `bytes_total()` long; the read that
-        // completed wrote its first `len` bytes.
-        unsafe { std::slice::from_raw_parts(self.0.stable_ptr(), len) }
-    }
-    fn into_vec(self: Box<Self>, len: usize) -> (Vec<u8>, bool) {
-        (self.bytes(len).to_vec(), true)
-    }
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
-        self
-    }
-}
-
-/// `len` zeroed bytes (lazily, from the allocator's zeroed pages), or an error instead of
-/// aborting when memory runs out.
-fn zeroed(len: usize) -> Result<Vec<u8>> {
-    if len == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(len)
-        .map_err(|_| Error::InvalidArgument(format!("a {len}-byte message does not fit memory")))?;
-    // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-    if ptr.is_null() {
-        return Err(Error::InvalidArgument(format!(
-            "no memory for a {len}-byte message (receive it with recv_into into a buffer of \
-             your own)"
-        )));
-    }
-    // SAFETY: allocated by the global allocator with this layout, all `len` bytes zeroed.
-    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
-}
-
-/// The rendezvous message being read, with its destination.
-#[derive(Debug)]
-pub(crate) struct Fetch {
-    msg: RemoteMsg,
-    /// Declared before `dest`: a dedicated registration goes before the memory.
-    mr: Option<MemoryRegion>,
-    dest: Box<dyn FetchBuf>,
-    addr: u64,
-    lkey: u32,
-    /// Bytes whose READ is posted.
-    posted: u64,
-    /// The live `recv_into` call whose buffer `dest` is (0: none, any receive may take it).
-    owner: u64,
-}
-
-impl Fetch {
-    pub(crate) fn len(&self) -> u64 {
-        self.msg.len
-    }
-
-    /// [`Fetch::new`] with the registration (if any) off the runtime's worker threads. `dest`
-    /// moves into the blocking call and comes back in the fetch (or the error): a caller
-    /// dropped meanwhile frees nothing the registration uses (the pool drops the result, the
-    /// region before `dest`).
-    async fn open(
-        pd: &ProtectionDomain,
-        msg: RemoteMsg,
-        (addr, lkey): (usize, Option<u32>),
-        dest: Box<dyn FetchBuf>,
-        owner: u64,
-    ) -> std::result::Result<Fetch, (Error, Box<dyn FetchBuf>)> {
-        // An address, not a pointer, is held across the await: `dest` owns the memory it names.
-        if lkey.is_some() {
-            return Fetch::new(pd, msg, (addr as *mut u8, lkey), dest, owner);
-        }
-        let pd = pd.clone();
-        blocking::run_for(msg.len as usize, move || {
-            Fetch::new(&pd, msg, (addr as *mut u8, None), dest, owner)
-        })
-        .await
-    }
-
-    /// A fetch of `msg` into `dest`, whose memory starts at `ptr`: under `lkey` if given,
-    /// else through a registration of its own. On failure `dest` comes back.
-    fn new(
-        pd: &ProtectionDomain,
-        msg: RemoteMsg,
-        (ptr, lkey): (*mut u8, Option<u32>),
-        dest: Box<dyn FetchBuf>,
-        owner: u64,
-    ) -> std::result::Result<Fetch, (Error, Box<dyn FetchBuf>)> {
-        let (mr, lkey) = match lkey {
-            Some(k) => (None, k),
-            None => {
-                // SAFETY: `dest` (stable memory of at least `msg.len` bytes at `ptr`) moves
-                // into this fetch, after the region in drop order.
-                let reg = unsafe {
-                    MemoryRegion::register(pd, ptr, msg.len as usize, AccessFlags::LOCAL_WRITE)
-                };
-                match reg {
-                    Ok(mr) => {
-                        let k = mr.lkey();
-                        (Some(mr), k)
-                    }
-                    Err(e) => return Err((explain_reg_error(e), dest)),
-                }
-            }
-        };
-        Ok(Fetch {
-            msg,
-            mr,
-            dest,
-            addr: ptr as u64,
-            lkey,
-            posted: 0,
-            owner,
-        })
-    }
-
-    /// The destination, its registration released first.
-    fn into_dest(self) -> Box<dyn FetchBuf> {
-        drop(self.mr);
-        self.dest
-    }
-}
 
 /// Marks the caller's fetch as nobody's when a `recv_into` is dropped while the device writes
 /// into its buffer: the next receive then takes the message.
@@ -241,44 +40,6 @@ impl Drop for Lent<'_> {
     }
 }
 
-impl ConnIo {
-    /// Posts the READs of the fetch in progress that fit the send queue (called by the pump:
-    /// the rest go as completions make room, whoever waits).
-    pub(crate) fn post_fetch(&self, s: &mut ConnState) {
-        loop {
-            let room = self.sq_room(s);
-            let Some(f) = s.fetch.as_mut() else { return };
-            if f.posted == f.msg.len || !room || s.proto.failure().is_some() {
-                return;
-            }
-            let piece = (f.msg.len - f.posted).min(self.max_read);
-            let last = f.posted + piece == f.msg.len;
-            let sge = [Sge::new(f.addr + f.posted, piece as u32, f.lkey)];
-            let op = SendOp::Read {
-                remote_addr: f.msg.addr.wrapping_add(f.posted),
-                rkey: f.msg.rkey,
-            };
-            f.posted += piece;
-            if !self.post_send_entry(s, op, &sge, Sent::Fetch { last }) {
-                return;
-            }
-        }
-    }
-
-    /// Releases the memory of the rendezvous messages the peer finished reading.
-    pub(crate) fn release_rendezvous(&self, s: &mut ConnState) {
-        let ConnState {
-            proto, rdv_held, ..
-        } = s;
-        for seq in proto.take_released() {
-            if let Some(pos) = rdv_held.iter().position(|(q, _)| *q == seq) {
-                let (_, src) = rdv_held.swap_remove(pos);
-                self.retire(Retired::Rendezvous(src));
-            }
-        }
-    }
-}
-
 /// What a receive found.
 enum Next {
     /// A message in the connection's buffers (or end of stream).
@@ -297,14 +58,23 @@ fn too_big(len: u64, cap: usize) -> Error {
 }
 
 impl Connection {
-    /// Whether a message of `len` bytes from owned memory goes by rendezvous.
-    pub(super) fn by_rendezvous(&self, len: usize) -> bool {
-        self.shared.params.rendezvous
-            && self
-                .shared
-                .io
-                .rdv_threshold
-                .is_some_and(|t| len as u64 >= t)
+    /// Receives the next message. `Ok(None)` means the peer closed its side cleanly after
+    /// every message it sent; a failure is always an error, never `Ok(None)`.
+    ///
+    /// Drop the [`Message`] when done with it: until then it counts against the receive
+    /// budget, and the peer is held back when the budget is used up.
+    ///
+    /// # Errors
+    ///
+    /// The connection's failure ([`Error::QpFailed`](crate::Error::QpFailed)), e.g.
+    /// [`QpFailure::Protocol`](crate::QpFailure::Protocol) if the peer broke the protocol.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a message leaves the connection only when this returns it; any number of
+    /// tasks may wait at once.
+    pub async fn recv(&self) -> Result<Option<Message>> {
+        self.recv_message().await
     }
 
     /// Waits for the next message of the caller `owner` (0: `recv`); with `fits`, a message

@@ -1,21 +1,20 @@
-//! Connection setup over RDMA CM: the queue pair and its protection domain, the active side's
-//! resolve/connect/handshake, and the passive side's accept. The message engine itself lives in
-//! the connection; setup hands it the prepared queue pair, then the established CM id.
+//! The parts of a message connection's setup: the endpoint it goes on, its raw queue-pair
+//! options, its receive side (private buffers or a claim on the shared receive queue), the
+//! negotiated parameters and the pools' sizes. The steps that use them (connect, accept) are
+//! in [`establish`](super::establish); the connection is assembled in `connection.rs`.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
-use super::connection::Connection;
+use super::device::Device;
+use super::endpoint_options::EndpointOptions;
 use super::handshake::{self, Flags, Negotiated, Params};
-use super::observe::{self, Observed};
 use super::options::ConnectOptions;
-use super::raw::{self, RawConnector, RawOptions, RawRequest, reject};
+use super::raw::{self, RawOptions};
 use super::srq::{SharedRecv, SrqShare};
 use crate::buf::{Pool, PoolConfig, SizeClass};
 use crate::driver::QpOptions;
-use crate::endpoint::{Endpoint, EndpointOptions};
 use crate::error::{Error, Result};
 use crate::proto::conn::CONTROL_RECVS;
 use crate::verbs::{AccessFlags, CmId, Context, ProtectionDomain, QpCaps};
@@ -41,17 +40,17 @@ pub(crate) fn sink_sends(opts: &ConnectOptions) -> u32 {
 pub(crate) enum EndpointChoice {
     /// The one the user opened: the id must be on its device, and a completion mode in the
     /// options must be the endpoint's.
-    Given(Endpoint),
+    Given(Device),
     /// A listener's: one endpoint per device requests arrive on, opened on first use with the
     /// completion mode of the options.
-    PerDevice(Arc<Mutex<Vec<Endpoint>>>),
+    PerDevice(Arc<Mutex<Vec<Device>>>),
     /// A shorthand client's: an endpoint of its own, with the options' completion mode.
     Own,
 }
 
 impl EndpointChoice {
     /// The endpoint the user gave, known before any id is resolved.
-    pub(crate) fn given(&self) -> Option<&Endpoint> {
+    pub(crate) fn given(&self) -> Option<&Device> {
         match self {
             EndpointChoice::Given(ep) => Some(ep),
             _ => None,
@@ -68,13 +67,13 @@ impl EndpointChoice {
     }
 
     /// The endpoint for a connection on `id`'s device.
-    pub(crate) fn endpoint_for(&self, id: &CmId, opts: &ConnectOptions) -> Result<Endpoint> {
+    pub(crate) fn endpoint_for(&self, id: &CmId, opts: &ConnectOptions) -> Result<Device> {
         let ctx = Context::from_cm_id(id)?;
         let mode = opts.completion_mode.unwrap_or_default();
         let implicit = |cq_size: Option<u32>| {
             let mut o = EndpointOptions::default().completion_mode(mode);
             o.cq_size = cq_size;
-            Endpoint::on_context(ctx.clone(), o)
+            Device::on_context(ctx.clone(), o)
         };
         match self {
             EndpointChoice::Given(ep) => {
@@ -124,7 +123,7 @@ fn recv_depth(opts: &ConnectOptions) -> u32 {
 
 /// The raw connection options of a message connection with `opts`: its queue sizes, remote
 /// access only for what this side offers, its retry counts, and `timeout` for each CM step.
-fn raw_options(opts: &ConnectOptions, timeout: Duration) -> Result<RawOptions> {
+pub(crate) fn raw_options(opts: &ConnectOptions, timeout: Duration) -> Result<RawOptions> {
     check_limits(opts)?;
     if opts.retry_count > 6 {
         return Err(Error::InvalidArgument(format!(
@@ -211,7 +210,7 @@ pub(crate) fn on_shared_recv(opts: &ConnectOptions, srq: &SharedRecv) -> Result<
 
 /// The connection's receive side: on the shared receive queue `srq` (admitted with its
 /// floor), or private buffers in `pd`.
-fn receive_side(
+pub(crate) fn receive_side(
     pd: &ProtectionDomain,
     p: &Params,
     srq: Option<&Arc<SharedRecv>>,
@@ -307,124 +306,6 @@ fn check_limits(opts: &ConnectOptions) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// The active side: resolve, create the queue pair, connect with our handshake, negotiate
-/// with the peer's, post receives, then establish (the raw connection's steps, with the
-/// handshake in the private data).
-///
-/// Dropped at any await point (the caller's timeout, or the caller's own future dropped), it
-/// frees what it made: the CM id (destroyed: a request already sent is rejected towards the
-/// server, whose pending setup then ends), the queue pair, the protection domain and the pool.
-pub(crate) async fn connect(
-    choice: EndpointChoice,
-    addr: SocketAddr,
-    opts: ConnectOptions,
-    span: tracing::Span,
-) -> Result<Connection> {
-    // The connection's id, as soon as its endpoint is known (a given one: now).
-    let early_id = choice.given().map(|ep| observe::assign_id(&span, ep));
-    let srq = choice.shared_recv();
-    let opts = match &srq {
-        Some(q) => on_shared_recv(&opts, q)?,
-        None => opts,
-    };
-    // Refused before anything is created or sent (e.g. fewer than 2 receive credits).
-    opts.params.validate()?;
-    let mut raw_opts = raw_options(&opts, opts.connect_timeout)?;
-    raw_opts.shared_recv = srq.is_some();
-    let local: Params = opts.params;
-    let hs = local.encode()?;
-    let resolved = raw::resolve(addr, opts.connect_timeout).await?;
-    let endpoint = choice.endpoint_for(&resolved.id, &opts)?;
-    let id = early_id.unwrap_or_else(|| observe::assign_id(&span, &endpoint));
-    let connector = RawConnector::on(&endpoint, resolved, raw_opts)?;
-    observe::record_qpn(&span, connector.qp().qpn());
-    // A bad or incompatible answer: returning drops the reply, which rejects it (the server's
-    // setup ends at once).
-    let reply = connector.connect(&hs).await?;
-    let remote = Params::decode(reply.private_data())?;
-    let negotiated = negotiate(&opts, &remote)?;
-    // The endpoint's budget, before any pool is made.
-    let memory = endpoint.reserve_memory(pool_bytes(&negotiated, &opts, srq.is_some()))?;
-    // Receives are posted before the peer learns our credits (before establish).
-    let (pool, share) = receive_side(reply.pd(), &local, srq.as_ref())?;
-    let starting = Connection::start(
-        reply.qp(),
-        reply.pd(),
-        (pool, share, memory),
-        negotiated,
-        &opts,
-    )?;
-    let obs = Observed::new(span, id, &endpoint);
-    Ok(Connection::established(starting, reply.establish()?, obs))
-}
-
-/// The passive side, for one connection `request` (on an event channel of its own): decode
-/// and negotiate the client's handshake, prepare the queue pair (INIT, RTR), post receives,
-/// accept with our handshake, wait for `ESTABLISHED`, RTS.
-///
-/// Every failure before the accept is sent rejects the request with the reason; a failure
-/// after it (the client rejected our reply, vanished, or the transport gave up) ends here. The
-/// caller bounds the whole by the handshake timeout; dropped at any await point it frees
-/// everything: the id is destroyed (which rejects or disconnects the client) and the queue
-/// pair is flushed and destroyed with its protection domain and pool.
-pub(crate) async fn accept(
-    request: RawRequest,
-    opts: &ConnectOptions,
-    choice: &EndpointChoice,
-    span: tracing::Span,
-) -> Result<Connection> {
-    let early_id = choice.given().map(|ep| observe::assign_id(&span, ep));
-    let id = request.id();
-    let srq = choice.shared_recv();
-    let adapted;
-    let opts = match &srq {
-        Some(q) => {
-            adapted = on_shared_recv(opts, q).map_err(|e| reject(id, e))?;
-            &adapted
-        }
-        None => opts,
-    };
-    let local: Params = opts.params;
-    let remote = Params::decode(request.private_data()).map_err(|e| reject(id, e.into()))?;
-    let negotiated = negotiate(opts, &remote).map_err(|e| reject(id, e.into()))?;
-    if request.conn_param().is_none() {
-        return Err(reject(
-            id,
-            Error::Handshake(handshake::HandshakeError::Missing),
-        ));
-    }
-    let accept_data = local.encode().map_err(|e| reject(id, e.into()))?;
-    let mut raw_opts = raw_options(opts, opts.handshake_timeout).map_err(|e| reject(id, e))?;
-    raw_opts.shared_recv = srq.is_some();
-    let endpoint = choice.endpoint_for(id, opts).map_err(|e| reject(id, e))?;
-    let conn_id = early_id.unwrap_or_else(|| observe::assign_id(&span, &endpoint));
-    // The endpoint's budget, before the queue pair or any pool is made.
-    let memory = endpoint
-        .reserve_memory(pool_bytes(&negotiated, opts, srq.is_some()))
-        .map_err(|e| reject(id, e))?;
-    // On failure the request is rejected with the reason.
-    let accepting = request.prepare_on(&endpoint, raw_opts)?;
-    observe::record_qpn(&span, accepting.qp().qpn());
-    let id = accepting.request().id();
-    let (pool, share) =
-        receive_side(accepting.pd(), &local, srq.as_ref()).map_err(|e| reject(id, e))?;
-    let starting = Connection::start(
-        accepting.qp(),
-        accepting.pd(),
-        (pool, share, memory),
-        negotiated,
-        opts,
-    )
-    .map_err(|e| reject(id, e))?;
-    // From here on the client holds our reply: REJECTED (it refused our handshake or gave up),
-    // UNREACHABLE (our reply was never answered) ... end the setup with the event's error;
-    // dropping the id then tears the rest down. A client that established, sent, closed and
-    // disconnected before ESTABLISHED reached us is handed over with what it sent.
-    let raw = accepting.accept(&accept_data).await?;
-    let obs = Observed::new(span, conn_id, &endpoint);
-    Ok(Connection::established(starting, raw, obs))
 }
 
 #[cfg(test)]

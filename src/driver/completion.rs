@@ -20,9 +20,10 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, error, trace, warn};
 
-use super::CompletionMode;
+use super::latency::{WaitKind, spin_budget};
+use super::options::CompletionMode;
 use super::shared::Shared;
-use super::wait::{WaitKind, spin_budget};
+use super::state::{LAST_WQE_WAIT, QpEntry};
 use crate::verbs::CompletionChannel;
 
 /// While futures spin, how often the task checks that they still poll (see `run`).
@@ -235,7 +236,7 @@ impl std::future::Future for SelfYield {
 }
 
 /// Shut down and nothing left in flight.
-fn finished(shared: &Shared, reaped: &mut Vec<super::shared::QpEntry>) -> bool {
+fn finished(shared: &Shared, reaped: &mut Vec<QpEntry>) -> bool {
     if !shared.shutdown.load(Ordering::Acquire) {
         return false;
     }
@@ -243,10 +244,7 @@ fn finished(shared: &Shared, reaped: &mut Vec<super::shared::QpEntry>) -> bool {
     // Shutting down, the async-event task stops too: no last-WQE event will be read, so
     // queue pairs on a shared receive queue do not wait for one (whose bound is for numbers
     // reused while the driver lives).
-    st.reap_closed(
-        reaped,
-        std::time::Instant::now() + super::shared::LAST_WQE_WAIT,
-    );
+    st.reap_closed(reaped, std::time::Instant::now() + LAST_WQE_WAIT);
     let idle = st.qps.iter().all(Option::is_none);
     drop(st);
     shared.release(reaped);

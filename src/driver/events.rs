@@ -9,7 +9,8 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, error, info, warn};
 
-use super::shared::{Deferred, Shared};
+use super::deferred::Deferred;
+use super::shared::Shared;
 use crate::error::QpFailure;
 use crate::proto::QpKey;
 use crate::verbs::{AsyncEvent, Context, EventElement};

@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 
 use tracing::warn;
 
-use super::shared::{Deferred, Shared, State};
+use super::counters::Counters;
+use super::deferred::Deferred;
+use super::state::State;
 use crate::error::Error;
 use crate::proto::{PostItem, QpKey, Queue};
 use crate::verbs::{QueuePair, RecvWr, SendWr};
@@ -17,7 +19,7 @@ const CHAIN: usize = crate::verbs::STACK_CHAIN;
 /// Posts everything of `qp` that fits, as chained lists. A failed post fails the queue pair
 /// (and has `wake` move it to the error state once the lock is released, so its posted
 /// requests get flushed).
-pub(crate) fn post(st: &mut State, shared: &Shared, qp: QpKey, wake: &mut Deferred) {
+pub(crate) fn post(st: &mut State, counters: &Counters, qp: QpKey, wake: &mut Deferred) {
     let mut posts = std::mem::take(&mut st.posts);
     posts.clear();
     st.core.take_postable(qp, &mut posts);
@@ -53,14 +55,10 @@ pub(crate) fn post(st: &mut State, shared: &Shared, qp: QpKey, wake: &mut Deferr
                 wake.move_to_error(&handle, Some(wr_id));
             }
         }
-        shared
-            .counters
+        counters
             .posted
             .fetch_add(posts.len() as u64, Ordering::Relaxed);
-        shared
-            .counters
-            .doorbells
-            .fetch_add(rdb + sdb, Ordering::Relaxed);
+        counters.doorbells.fetch_add(rdb + sdb, Ordering::Relaxed);
     }
     st.posts = posts;
     st.apply_failures(wake);

@@ -6,10 +6,13 @@ use std::sync::atomic::Ordering;
 
 use tracing::{debug, info_span};
 
+use super::deferred::{Deferred, Sink};
 use super::raw::OpConfig;
-use super::shared::{Deferred, QpEntry, Shared, Sink, sink_wr_id};
+use super::shared::Shared;
+use super::sink::sink_wr_id;
+use super::state::QpEntry;
 use super::{Driver, QpOptions};
-use crate::error::{QpFailure, Result};
+use crate::error::{Error, QpFailure, Result};
 use crate::proto::{QpConfig, QpKey};
 use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair, SharedReceiveQueue};
 
@@ -277,6 +280,55 @@ impl<'a> Closer<'a> {
 impl Drop for Closer<'_> {
     fn drop(&mut self) {
         self.0.closers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+// In this file, above the driver: the driver does not know the queue-pair handle it makes.
+impl Driver {
+    /// Creates an RC queue pair that reports to this driver's CQ. Connect it with
+    /// [`AsyncQp::verbs`] (INIT/RTR/RTS) before starting operations.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the CQ cannot take the queue pair's depths;
+    /// [`Error::CreateQp`] from the device.
+    pub fn create_qp(&self, pd: &ProtectionDomain, opts: QpOptions) -> Result<AsyncQp> {
+        self.create_qp_on(pd, opts, None)
+    }
+
+    /// [`create_qp`](Self::create_qp), taking its receives from `srq` if given (whose
+    /// completions this driver routes by queue-pair number: see [`srq_wr_id`](super::sink::srq_wr_id)). The receive
+    /// depth then reserves nothing in the completion queue (the SRQ's owner reserved its
+    /// depth once, [`reserve_cq`](Self::reserve_cq)).
+    pub(crate) fn create_qp_on(
+        &self,
+        pd: &ProtectionDomain,
+        opts: QpOptions,
+        srq: Option<&SharedReceiveQueue>,
+    ) -> Result<AsyncQp> {
+        let recv = if srq.is_some() {
+            0
+        } else {
+            u64::from(opts.caps.max_recv_wr)
+        };
+        let need = u64::from(opts.caps.max_send_wr) + recv;
+        self.try_reserve(need).map_err(|(used, cap)| {
+            Error::InvalidArgument(format!(
+                "completion queue of {cap} entries cannot take another queue pair of depth {need} \
+                 ({used} already used; every queue pair reserves its send and receive depths): \
+                 raise EndpointOptions::cq_size (or DriverOptions::cq_size) up to the \
+                 device's max_cqe {}, use shallower queues (ConnectOptions::recv_credits, \
+                 send_queue_depth), or open another Endpoint on the device",
+                self.context().device_attr().max_cqe
+            ))
+        })?;
+        match AsyncQp::create(self.clone(), pd, opts, srq, need) {
+            Ok(qp) => Ok(qp),
+            Err(e) => {
+                self.release_budget(need);
+                Err(e)
+            }
+        }
     }
 }
 

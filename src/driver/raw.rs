@@ -20,9 +20,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
+use super::deferred::{Deferred, Payload};
+use super::latency::WaitKind;
 use super::post;
-use super::shared::{Deferred, Payload, Shared};
-use super::wait::{WaitKind, Waiter};
+use super::shared::Shared;
+use super::wait::Waiter;
 use crate::error::{Error, Result};
 use crate::proto::{OpInfo, QpKey, WorkRequest};
 use crate::verbs::QpCaps;
@@ -144,7 +146,7 @@ impl<B: Send + 'static> RawOp<B> {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                post::post(&mut st, shared, cfg.qp, &mut wake);
+                post::post(&mut st, &shared.counters, cfg.qp, &mut wake);
                 wake.take_from(&mut st.out);
                 posted_under = Some(st);
                 (wr_id, buf, true)
@@ -157,7 +159,7 @@ impl<B: Send + 'static> RawOp<B> {
         };
         let mut st = posted_under.unwrap_or_else(|| shared.lock());
         if !flushed {
-            post::post(&mut st, shared, cfg.qp, &mut wake);
+            post::post(&mut st, &shared.counters, cfg.qp, &mut wake);
             wake.take_from(&mut st.out);
         }
         let mut res = st.core.poll_result(wr_id, None);

@@ -7,24 +7,26 @@
 //! connection's receives and chunk sends) through that sink. Wakers are woken and released
 //! buffers dropped after the lock is released ([`Deferred`]).
 
-use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::Waker;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use smallvec::SmallVec;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
-use super::CompletionMode;
+use super::counters::Counters;
+use super::deferred::{Deferred, Sink};
+use super::latency::Latency;
+use super::offload::off_runtime;
+use super::options::CompletionMode;
 use super::post;
+use super::sink::{SINK_BIT, sink_key};
 use super::spinners::Spinners;
-use super::wait::Latency;
+use super::state::{QpEntry, State};
 use crate::error::QpFailure;
-use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
-use crate::verbs::{CompletionQueue, QueuePair, SendOp, SendWr, WcBatch};
+use crate::proto::{Completed, Core, Cqe, QpKey};
+use crate::verbs::{CompletionQueue, WcBatch};
 
 /// How many times a waiting future polls the CQ in place, in busy mode, before it returns
 /// `Pending` (waking itself) so the runtime can run other tasks: a slice of a few microseconds
@@ -32,110 +34,6 @@ use crate::verbs::{CompletionQueue, QueuePair, SendOp, SendWr, WcBatch};
 /// noticeably longer than by one task's poll, long enough that a completion arriving within
 /// a round trip is seen without a trip through the runtime.
 pub(crate) const IN_PLACE_POLLS: u32 = 64;
-
-/// What a dropped operation parks in the table: its buffers, until the device is done.
-pub(crate) type Payload = Box<dyn Any + Send>;
-
-/// `wr_id`s with this bit set belong to a queue pair's [`Sink`]; bits 32..63 name the queue
-/// pair ([`QpKey::to_bits`]: its index and generation), bits 0..32 are the sink's own.
-pub(crate) const SINK_BIT: u64 = 1 << 63;
-
-/// The `wr_id` of request `local` of the sink of `qp`.
-pub(crate) fn sink_wr_id(qp: QpKey, local: u32) -> u64 {
-    SINK_BIT | (u64::from(qp.to_bits()) << 32) | u64::from(local)
-}
-
-/// The queue-pair key of a sink `wr_id` (see [`sink_wr_id`]).
-fn sink_key(wr_id: u64) -> QpKey {
-    QpKey::from_bits(((wr_id & !SINK_BIT) >> 32) as u32)
-}
-
-/// The `wr_id` of receive `local` on the shared receive queue (the reserved key: which queue
-/// pair consumed it is known only from its completion's `qp_num`). Its completion goes to the
-/// sink of that queue pair, or (no such sink any more) to the SRQ's own sink.
-pub(crate) fn srq_wr_id(local: u32) -> u64 {
-    sink_wr_id(QpKey::reserved(), local)
-}
-
-/// Receives the completions of the requests a queue pair's owner posted itself (with
-/// [`sink_wr_id`]s), in completion-queue order. Called with the driver's lock held: it must
-/// not call back into the driver (post directly on the queue pair instead).
-pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
-    /// One completion; `local` is the low half of its `wr_id`. `qp_failure` is the failure the
-    /// driver recorded for the queue pair, if any (a flush reports that cause). Returns a
-    /// failure to record for the queue pair (it then moves to the error state).
-    fn on_completion(
-        &self,
-        local: u32,
-        cqe: &Cqe,
-        qp_failure: Option<&QpFailure>,
-        wake: &mut Deferred,
-    ) -> Option<QpFailure>;
-
-    /// Called after the driver's lock is released, if `on_completion` asked for it with
-    /// [`Deferred::after_unlock`]: release what must not be dropped under the lock.
-    fn after_unlock(&self) {}
-
-    /// The driver's completion task is gone (its runtime shut down): fail, and wake every
-    /// waiter, which polls the completion queue itself from now on. Called without the lock.
-    fn on_driver_stopped(&self) {}
-}
-
-/// A queue pair as the driver tracks it.
-#[derive(Debug)]
-pub(crate) struct QpEntry {
-    /// Its key in the core (index and generation).
-    pub(crate) key: QpKey,
-    pub(crate) qp: QueuePair,
-    /// Dropped or closed: remove it (and destroy the QP) once nothing is posted.
-    pub(crate) closing: bool,
-    /// Completion queue entries reserved for it.
-    pub(crate) cq_need: u64,
-    /// The owner of its sink-routed requests, if any.
-    pub(crate) sink: Option<Arc<dyn Sink>>,
-    /// On a shared receive queue: `IBV_EVENT_QP_LAST_WQE_REACHED` arrived (it takes no more
-    /// receives from the queue, and none it took is still to complete).
-    pub(crate) last_wqe: bool,
-    /// When it started closing (the bound on waiting for the last-WQE event).
-    pub(crate) closing_since: Option<Instant>,
-}
-
-/// How long a closing queue pair on a shared receive queue waits for
-/// `IBV_EVENT_QP_LAST_WQE_REACHED` before it is destroyed anyway (a provider that never sends
-/// the event: soft-RoCE before Linux 6.5; or the event was read by another driver on the same
-/// device context). Counted in `DriverStats::last_wqe_timeouts`.
-pub(crate) const LAST_WQE_WAIT: Duration = Duration::from_secs(2);
-
-#[derive(Debug)]
-pub(crate) struct State {
-    pub(crate) core: Core<Payload>,
-    /// By key index; an entry answers only to its own key ([`State::entry`]).
-    pub(crate) qps: Vec<Option<QpEntry>>,
-    /// Queue pairs on the shared receive queue, by number (its completions name no key).
-    pub(crate) by_qpn: HashMap<u32, QpKey>,
-    /// Takes the shared receive queue's completions whose queue pair has no sink any more.
-    pub(crate) srq_sink: Option<Arc<dyn Sink>>,
-    /// Reused lists (the hot path does not allocate).
-    pub(crate) posts: Vec<PostItem>,
-    pub(crate) out: Completed<Payload>,
-    batch: WcBatch,
-}
-
-/// Counters of the completion machinery (read with [`Driver::stats`](super::Driver::stats)).
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) completions: AtomicU64,
-    pub(crate) cq_events: AtomicU64,
-    pub(crate) empty_events: AtomicU64,
-    pub(crate) polls: AtomicU64,
-    pub(crate) doorbells: AtomicU64,
-    pub(crate) posted: AtomicU64,
-    pub(crate) unknown: AtomicU64,
-    pub(crate) polled_in_place: AtomicU64,
-    pub(crate) arms: AtomicU64,
-    pub(crate) last_wqe_reached: AtomicU64,
-    pub(crate) last_wqe_timeouts: AtomicU64,
-}
 
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -169,133 +67,6 @@ pub(crate) struct Shared {
     pub(crate) cq_budget: Arc<Mutex<u64>>,
     /// Signalled when the device reports the shared receive queue's limit reached.
     pub(crate) srq_limit: Arc<Notify>,
-}
-
-/// What must happen once the driver's lock is released: queue pairs to move to the error
-/// state, wakers to wake, buffers to drop, and sinks whose owners have memory to release
-/// ([`Sink::after_unlock`]). Nothing foreign (a waker's wake, a payload's or application
-/// buffer's drop) runs under the lock: a drop may release the last handle of a queue pair of
-/// this very driver, which takes the lock. Nor does `ibv_modify_qp`: a system call that
-/// waits for the kernel's queue-pair lock, while every future of the CQ waits for ours.
-///
-/// Holds up to 32 wakers without allocating; more spill to the heap.
-#[derive(Debug, Default)]
-pub(crate) struct Deferred {
-    /// Inline up to 32 (uninitialised until pushed: creating and dropping an empty one costs
-    /// nothing per slot), then on the heap.
-    wakers: SmallVec<[Waker; 32]>,
-    released: Vec<Payload>,
-    /// Inline up to 4 (a poll rarely applies completions of more queue pairs whose owners
-    /// have memory to release): no allocation on the data path.
-    sinks: SmallVec<[Arc<dyn Sink>; 4]>,
-    /// Failed queue pairs to move to ERR, each once, in the order they failed.
-    to_error: Vec<ToError>,
-}
-
-/// A failed queue pair to move to the error state after the lock is released, so the device
-/// flushes what is posted on it.
-///
-/// Ordering: the core recorded the failure under the lock first (new requests fail fast, and
-/// the queue pair's key stays registered while anything is posted: only the flushes, which
-/// come after this move, let it go), and the handle here keeps the queue pair itself alive
-/// until it has moved. A drain marker, if any, is posted right after the move, so it is
-/// flushed, never executed.
-#[derive(Debug)]
-struct ToError {
-    qp: QueuePair,
-    /// A zero-length signaled send whose flush retires the sends before it (see `post`); its
-    /// `wr_id` is already in the core's send ring.
-    marker: Option<u64>,
-}
-
-impl Deferred {
-    pub(crate) fn push(&mut self, w: Waker) {
-        self.wakers.push(w);
-    }
-
-    /// Calls `sink`'s [`after_unlock`](Sink::after_unlock) once the lock is released.
-    pub(crate) fn after_unlock(&mut self, sink: Arc<dyn Sink>) {
-        if !self.sinks.iter().any(|s| Arc::ptr_eq(s, &sink)) {
-            self.sinks.push(sink);
-        }
-    }
-
-    /// Moves `qp` to the error state once the lock is released (once, however often it is
-    /// asked), then posts the drain marker `marker` if given.
-    pub(crate) fn move_to_error(&mut self, qp: &QueuePair, marker: Option<u64>) {
-        match self.to_error.iter_mut().find(|t| t.qp.qpn() == qp.qpn()) {
-            Some(t) => t.marker = t.marker.or(marker),
-            None => self.to_error.push(ToError {
-                qp: qp.clone(),
-                marker,
-            }),
-        }
-    }
-
-    /// Queue pairs waiting to be moved to ERR.
-    #[cfg(test)]
-    pub(crate) fn pending_errors(&self) -> usize {
-        self.to_error.len()
-    }
-
-    /// Moves what `out` collected (wakers, released payloads) in here.
-    pub(crate) fn take_from(&mut self, out: &mut Completed<Payload>) {
-        for w in out.wakers.drain(..) {
-            self.push(w);
-        }
-        if !out.released.is_empty() {
-            self.released.append(&mut out.released);
-        }
-    }
-
-    /// Moves queue pairs to ERR, wakes and drops. Call without the lock.
-    pub(crate) fn run(&mut self) {
-        // Each list is looked at only if it holds something: most runs have nothing to do,
-        // and a drain's setup and drop cost instructions on every poll.
-        if !self.to_error.is_empty() {
-            // First, so the flushes are under way before anyone woken below waits for them.
-            for t in self.to_error.drain(..) {
-                t.run();
-            }
-        }
-        if !self.wakers.is_empty() {
-            for w in self.wakers.drain(..) {
-                w.wake();
-            }
-        }
-        if !self.released.is_empty() {
-            self.released.clear();
-        }
-        if !self.sinks.is_empty() {
-            for s in self.sinks.drain(..) {
-                s.after_unlock();
-            }
-        }
-    }
-}
-
-impl ToError {
-    fn run(self) {
-        if let Err(err) = self.qp.to_error() {
-            warn!(qpn = self.qp.qpn(), error = %err, "moving a failed queue pair to ERR");
-        }
-        let Some(wr_id) = self.marker else {
-            return;
-        };
-        let marker = [SendWr::new(wr_id, SendOp::Send, &[])];
-        // SAFETY: a zero-length send names no memory.
-        if let Err(e) = unsafe { self.qp.post_send(&marker) } {
-            // Releasing the buffers could let the device write freed memory: keep them
-            // parked (leaked) rather than risk it.
-            tracing::error!(error = %e, "posting the drain marker failed; the queue pair's earlier sends stay parked");
-        }
-    }
-}
-
-impl Drop for Deferred {
-    fn drop(&mut self) {
-        self.run();
-    }
 }
 
 impl Shared {
@@ -430,7 +201,7 @@ impl Shared {
             // Keep the list's memory: `post` does not add to it.
             let mut postable = std::mem::take(&mut st.out.postable);
             for qp in postable.drain(..) {
-                post::post(st, self, qp, wake);
+                post::post(st, &self.counters, qp, wake);
             }
             st.out.postable = postable;
         }
@@ -501,7 +272,7 @@ impl Shared {
         }
         let entries: Vec<QpEntry> = std::mem::take(reaped);
         let budget = self.cq_budget.clone();
-        super::off_runtime(move || {
+        off_runtime(move || {
             for e in entries {
                 let (qpn, need) = (e.qp.qpn(), e.cq_need);
                 let t = std::time::Instant::now();
@@ -567,86 +338,5 @@ impl Shared {
         if self.sleepers.count() == 1 {
             self.notify.notify_one();
         }
-    }
-}
-
-impl State {
-    /// Has `wake` move newly failed queue pairs to the error state (so the device flushes
-    /// them) once the lock is released.
-    pub(crate) fn apply_failures(&mut self, wake: &mut Deferred) {
-        let mut failed = std::mem::take(&mut self.out.failed);
-        for qp in failed.drain(..) {
-            if let Some(e) = self.entry(qp) {
-                wake.move_to_error(&e.qp, None);
-            }
-        }
-        // Keep the list's memory.
-        self.out.failed = failed;
-    }
-
-    /// Fails `qp` with `cause`; `wake` moves it to ERR (after the lock is released) and
-    /// takes the wakers.
-    pub(crate) fn fail(&mut self, qp: QpKey, cause: QpFailure, wake: &mut Deferred) {
-        self.core.fail_qp(qp, cause, &mut self.out);
-        self.apply_failures(wake);
-        wake.take_from(&mut self.out);
-    }
-
-    /// The entry of `key`, if that queue pair is still registered (not another one that took
-    /// its index since).
-    pub(crate) fn entry(&self, key: QpKey) -> Option<&QpEntry> {
-        self.qps
-            .get(key.index())
-            .and_then(Option::as_ref)
-            .filter(|e| e.key == key)
-    }
-
-    /// As [`entry`](Self::entry), mutably.
-    pub(crate) fn entry_mut(&mut self, key: QpKey) -> Option<&mut QpEntry> {
-        self.qps
-            .get_mut(key.index())
-            .and_then(Option::as_mut)
-            .filter(|e| e.key == key)
-    }
-
-    /// Removes closing queue pairs with nothing left in flight (destroying the QP happens when
-    /// the returned handles are dropped, outside the lock). A queue pair on a shared receive
-    /// queue also waits for `IBV_EVENT_QP_LAST_WQE_REACHED`, up to [`LAST_WQE_WAIT`] after it
-    /// started closing: until then its number stays mapped to it, so a receive it took from
-    /// the queue completes to its key (the buffer goes back to the queue), and the number is
-    /// not given to a new queue pair that could take the old peer's bytes. Returns how many
-    /// were destroyed without the event (the bound passed).
-    pub(crate) fn reap_closed(&mut self, reaped: &mut Vec<QpEntry>, now: Instant) -> u64 {
-        let mut timeouts = 0;
-        for i in 0..self.qps.len() {
-            let (key, waited_out) = match &self.qps[i] {
-                Some(e) if e.closing => {
-                    let waiting = e.qp.srq().is_some() && !e.last_wqe;
-                    let since = e.closing_since.unwrap_or(now);
-                    if waiting && now.duration_since(since) < LAST_WQE_WAIT {
-                        continue;
-                    }
-                    (e.key, waiting)
-                }
-                _ => continue,
-            };
-            if self.core.posted(key) == 0 && self.core.remove_qp(key) {
-                if waited_out {
-                    timeouts += 1;
-                    warn!(
-                        qpn = self.qps[i].as_ref().map(|e| e.qp.qpn()),
-                        "no IBV_EVENT_QP_LAST_WQE_REACHED within {LAST_WQE_WAIT:?} of closing a \
-                         queue pair on the shared receive queue: destroyed without it"
-                    );
-                }
-                if let Some(e) = self.qps[i].take() {
-                    if self.by_qpn.get(&e.qp.qpn()) == Some(&e.key) {
-                        self.by_qpn.remove(&e.qp.qpn());
-                    }
-                    reaped.push(e);
-                }
-            }
-        }
-        timeouts
     }
 }

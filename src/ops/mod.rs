@@ -34,12 +34,6 @@ pub use write::Write;
 
 use crate::buf::{IoBufMut, RemoteToken};
 use crate::driver::AsyncQp;
-use crate::error::Result;
-
-/// Checks a local length against a remote token and returns the remote address.
-pub(crate) fn check_remote(remote: &RemoteToken, len: u64) -> Result<u64> {
-    remote.check(0, len)
-}
 
 impl AsyncQp {
     /// Sends the initialised bytes of `buf` (or of each buffer of a

@@ -4,7 +4,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::check_remote;
 use super::sg::{SgTarget, target_list};
 use crate::buf::RemoteToken;
 use crate::driver::{OpConfig, RawOp};
@@ -40,7 +39,7 @@ impl<B: SgTarget> Read<B> {
         let mut len = 0;
         let wr = target_list(&mut buf, cfg.caps.max_send_sge).and_then(|sges| {
             len = sges.total_len();
-            let remote_addr = check_remote(&remote, len)?;
+            let remote_addr = remote.check(0, len)?;
             Ok(WorkRequest::send(
                 SendOp::Read {
                     remote_addr,

@@ -4,7 +4,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::check_remote;
 use super::sg::{SgSource, source_list};
 use crate::buf::RemoteToken;
 use crate::driver::{OpConfig, RawOp};
@@ -40,7 +39,7 @@ impl<B: SgSource> Write<B> {
     pub(crate) fn new(cfg: &OpConfig, buf: B, remote: RemoteToken, imm: Option<u32>) -> Write<B> {
         let wr = source_list(&buf, cfg.caps.max_send_sge).and_then(|sges| {
             let total = sges.total_len();
-            let remote_addr = check_remote(&remote, total)?;
+            let remote_addr = remote.check(0, total)?;
             let rkey = remote.rkey();
             let op = match imm {
                 Some(imm) => SendOp::WriteWithImm {

@@ -48,6 +48,7 @@
 
 pub mod conn;
 mod engine;
+mod key;
 mod msg;
 mod qp;
 mod table;
@@ -56,6 +57,8 @@ pub(crate) mod tests;
 mod wr;
 
 pub use conn::Credits;
-pub use engine::{Completed, Core, QpConfig, QpKey, Submitted};
+pub use engine::{Completed, Core, Submitted};
+pub use key::QpKey;
 pub use msg::{MsgHeader, MsgKind};
+pub use qp::QpConfig;
 pub use wr::{Cqe, INLINE_SGES, OpInfo, PostItem, Queue, SgList, WorkRequest};

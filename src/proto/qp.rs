@@ -3,8 +3,30 @@
 
 use std::collections::VecDeque;
 
-use super::engine::QpConfig;
 use crate::error::QpFailure;
+
+/// Queue sizes and signaling policy of a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Send-queue depth: at most this many send requests are posted and not yet retired.
+    pub sq_depth: u32,
+    /// Receive-queue depth.
+    pub rq_depth: u32,
+    /// Request a completion for every `signal_every`-th send (1 = all). The last request of
+    /// every post batch is always signaled.
+    pub signal_every: u32,
+}
+
+impl QpConfig {
+    /// A configuration with the given depths and signaling interval.
+    pub fn new(sq_depth: u32, rq_depth: u32, signal_every: u32) -> QpConfig {
+        QpConfig {
+            sq_depth: sq_depth.max(1),
+            rq_depth,
+            signal_every: signal_every.max(1),
+        }
+    }
+}
 
 #[derive(Debug)]
 pub(crate) struct QpSlot {

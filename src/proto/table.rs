@@ -6,7 +6,7 @@
 
 use std::task::Waker;
 
-use super::engine::QpKey;
+use super::key::QpKey;
 use super::wr::{OpInfo, Queue, WorkRequest};
 use crate::error::Error;
 

@@ -25,7 +25,7 @@
 //!
 //! | step                                   | event that follows     |
 //! |----------------------------------------|------------------------|
-//! | [`CmId::bind_addr`], [`CmId::listen`]  | `CONNECT_REQUEST` with a new id ([`CmEvent::take_id`]) and the client's private data |
+//! | [`CmId::bind_addr`], [`CmId::listen`]  | `CONNECT_REQUEST` with a new id ([`CmEvent::take_id`](super::CmEvent::take_id)) and the client's private data |
 //! | validate the private data; on failure [`CmId::reject`] | |
 //! | create the QP, [`CmId::prepare_accept`] (INIT, RTR), post receives, [`CmId::accept`] | `ESTABLISHED` |
 //! | [`CmId::modify_qp`] to RTS             |                        |
@@ -68,10 +68,8 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use super::cm_addr::{self, RawAddr};
-use super::cm_event::CmEvent;
 use super::cm_qp::CmQpAttr;
 use super::context::Context;
 use super::qp::{QpState, QueuePair};
@@ -88,7 +86,7 @@ pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 
 /// Builds the error of a librdmacm call that returned `rc != 0`. librdmacm returns -1 and sets
 /// `errno`; older versions returned `-errno` for a few codes (rdma_cm(7)).
-fn cm_error(rc: i32, f: impl FnOnce(io::Error) -> Error) -> Error {
+pub(super) fn cm_error(rc: i32, f: impl FnOnce(io::Error) -> Error) -> Error {
     let err = io::Error::last_os_error();
     if rc < -1 {
         f(io::Error::from_raw_os_error(-rc))
@@ -166,75 +164,6 @@ impl EventChannel {
         CmId::new(self)
     }
 
-    /// Reads the next event without blocking: `Ok(None)` if none is pending. The event is
-    /// copied out and acknowledged (`rdma_ack_cm_event`) before it is returned.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::GetCmEvent`] with the errno.
-    pub fn get_event(&self) -> Result<Option<CmEvent>> {
-        let mut ev: *mut sys::rdma_cm_event = std::ptr::null_mut();
-        // SAFETY: the channel is alive and `ev` is a valid out-pointer. The descriptor is
-        // non-blocking, so the call fails with EAGAIN instead of blocking.
-        let rc = unsafe { sys::rdma_get_cm_event(self.as_ptr(), &mut ev) };
-        if rc != 0 {
-            let err = cm_error(rc, Error::GetCmEvent);
-            if err.raw_os_error() == Some(libc::EAGAIN) {
-                return Ok(None);
-            }
-            return Err(err);
-        }
-        let Some(ev) = NonNull::new(ev) else {
-            return Err(Error::GetCmEvent(io::Error::other(
-                "rdma_get_cm_event returned no event",
-            )));
-        };
-        // SAFETY: `ev` was just returned for this channel and is not acknowledged yet; all our
-        // ids use RDMA_PS_TCP. A CONNECT_REQUEST's new id is owned by the copy from now on.
-        let out = unsafe { CmEvent::copy_from(ev.as_ref(), self) };
-        // SAFETY: acknowledged exactly once, after the last access to the event's memory.
-        let rc = unsafe { sys::rdma_ack_cm_event(ev.as_ptr()) };
-        if rc != 0 {
-            tracing::warn!(event = out.name(), "rdma_ack_cm_event failed");
-        }
-        tracing::debug!(event = out.name(), status = out.status(), id = ?out.id(), "RDMA CM event");
-        Ok(Some(out))
-    }
-
-    /// Waits up to `timeout` for an event, blocking the calling thread (`poll(2)` on the
-    /// descriptor): for synchronous code and tests. Async code registers the descriptor with
-    /// `AsyncFd` and calls [`get_event`](Self::get_event) instead.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::GetCmEvent`] if `poll` or `rdma_get_cm_event` fails.
-    pub fn wait_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(ev) = self.get_event()? {
-                return Ok(Some(ev));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            let mut pfd = libc::pollfd {
-                fd: self.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-            // SAFETY: `pfd` is one valid pollfd for a descriptor the channel keeps open.
-            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if n < 0 {
-                let err = io::Error::last_os_error();
-                if err.kind() != io::ErrorKind::Interrupted {
-                    return Err(Error::GetCmEvent(err));
-                }
-            }
-        }
-    }
-
     pub(crate) fn as_ptr(&self) -> *mut sys::rdma_event_channel {
         self.inner.ch.as_ptr()
     }
@@ -284,7 +213,7 @@ impl fmt::Debug for EventChannel {
     }
 }
 
-/// The identity of a CM id, as carried by its events ([`CmEvent::id`]). Only meaningful while
+/// The identity of a CM id, as carried by its events ([`CmEvent::id`](super::CmEvent::id)). Only meaningful while
 /// the id lives: a destroyed id's key may be reused by a later id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CmIdKey(usize);
@@ -386,7 +315,7 @@ impl<'a> ConnParam<'a> {
 
     /// Adjusts accept parameters to a connection request (`rdma_accept(3)`): the initiator
     /// depth may not exceed the requester's responder resources.
-    pub fn answering(mut self, request: &super::PeerConnParam) -> ConnParam<'a> {
+    pub fn answering(mut self, request: &PeerConnParam) -> ConnParam<'a> {
         self.initiator_depth = self.initiator_depth.min(request.initiator_depth);
         self
     }
@@ -464,7 +393,7 @@ impl CmId {
         CmId { id, channel }
     }
 
-    /// The key its events carry ([`CmEvent::id`]).
+    /// The key its events carry ([`CmEvent::id`](super::CmEvent::id)).
     pub fn key(&self) -> CmIdKey {
         CmIdKey::from_ptr(self.as_ptr())
     }
@@ -882,6 +811,28 @@ impl fmt::Debug for CmId {
             .field("port_num", &self.port_num())
             .finish_non_exhaustive()
     }
+}
+
+/// The connection parameters the peer sent (`CONNECT_REQUEST`, `CONNECT_RESPONSE`,
+/// `ESTABLISHED`), as reported in the event (`rdma_get_cm_event(3)`, CONN EVENT DATA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PeerConnParam {
+    /// Responder resources requested of this side: the peer's initiator depth.
+    pub responder_resources: u8,
+    /// RDMA READ / atomic requests this side may have outstanding at the peer: the peer's
+    /// responder resources.
+    pub initiator_depth: u8,
+    /// Whether the peer provides hardware flow control.
+    pub flow_control: bool,
+    /// Transport retries the peer asks for (`CONNECT_REQUEST` only).
+    pub retry_count: u8,
+    /// RNR retries the peer asks for.
+    pub rnr_retry_count: u8,
+    /// Whether the peer uses a shared receive queue.
+    pub srq: bool,
+    /// The peer's queue pair number.
+    pub qp_num: u32,
 }
 
 #[cfg(test)]

@@ -3,9 +3,13 @@
 
 use std::ffi::CStr;
 use std::fmt;
+use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
 
-use super::cm::{CmId, CmIdKey, EventChannel};
+use super::cm::{CmId, CmIdKey, EventChannel, PeerConnParam, cm_error};
 use super::cm_addr;
 use crate::error::{Error, Result};
 use crate::sys;
@@ -99,28 +103,6 @@ impl fmt::Display for CmEventKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
-}
-
-/// The connection parameters the peer sent (`CONNECT_REQUEST`, `CONNECT_RESPONSE`,
-/// `ESTABLISHED`), as reported in the event (`rdma_get_cm_event(3)`, CONN EVENT DATA).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PeerConnParam {
-    /// Responder resources requested of this side: the peer's initiator depth.
-    pub responder_resources: u8,
-    /// RDMA READ / atomic requests this side may have outstanding at the peer: the peer's
-    /// responder resources.
-    pub initiator_depth: u8,
-    /// Whether the peer provides hardware flow control.
-    pub flow_control: bool,
-    /// Transport retries the peer asks for (`CONNECT_REQUEST` only).
-    pub retry_count: u8,
-    /// RNR retries the peer asks for.
-    pub rnr_retry_count: u8,
-    /// Whether the peer uses a shared receive queue.
-    pub srq: bool,
-    /// The peer's queue pair number.
-    pub qp_num: u32,
 }
 
 /// One RDMA CM event, copied out of librdmacm's event and already acknowledged
@@ -364,6 +346,78 @@ pub fn reject_reason(status: i32) -> &'static str {
         s if s == -libc::ECONNREFUSED => "connection refused",
         s if s < 0 => "transport error",
         _ => "unknown reject reason",
+    }
+}
+
+// Here, not in cm.rs: the channel's events are made here, and the channel does not know them.
+impl EventChannel {
+    /// Reads the next event without blocking: `Ok(None)` if none is pending. The event is
+    /// copied out and acknowledged (`rdma_ack_cm_event`) before it is returned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GetCmEvent`] with the errno.
+    pub fn get_event(&self) -> Result<Option<CmEvent>> {
+        let mut ev: *mut sys::rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the channel is alive and `ev` is a valid out-pointer. The descriptor is
+        // non-blocking, so the call fails with EAGAIN instead of blocking.
+        let rc = unsafe { sys::rdma_get_cm_event(self.as_ptr(), &mut ev) };
+        if rc != 0 {
+            let err = cm_error(rc, Error::GetCmEvent);
+            if err.raw_os_error() == Some(libc::EAGAIN) {
+                return Ok(None);
+            }
+            return Err(err);
+        }
+        let Some(ev) = NonNull::new(ev) else {
+            return Err(Error::GetCmEvent(io::Error::other(
+                "rdma_get_cm_event returned no event",
+            )));
+        };
+        // SAFETY: `ev` was just returned for this channel and is not acknowledged yet; all our
+        // ids use RDMA_PS_TCP. A CONNECT_REQUEST's new id is owned by the copy from now on.
+        let out = unsafe { CmEvent::copy_from(ev.as_ref(), self) };
+        // SAFETY: acknowledged exactly once, after the last access to the event's memory.
+        let rc = unsafe { sys::rdma_ack_cm_event(ev.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(event = out.name(), "rdma_ack_cm_event failed");
+        }
+        tracing::debug!(event = out.name(), status = out.status(), id = ?out.id(), "RDMA CM event");
+        Ok(Some(out))
+    }
+
+    /// Waits up to `timeout` for an event, blocking the calling thread (`poll(2)` on the
+    /// descriptor): for synchronous code and tests. Async code registers the descriptor with
+    /// `AsyncFd` and calls [`get_event`](Self::get_event) instead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GetCmEvent`] if `poll` or `rdma_get_cm_event` fails.
+    pub fn wait_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(ev) = self.get_event()? {
+                return Ok(Some(ev));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+            // SAFETY: `pfd` is one valid pollfd for a descriptor the channel keeps open.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(Error::GetCmEvent(err));
+                }
+            }
+        }
     }
 }
 

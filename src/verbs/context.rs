@@ -6,10 +6,9 @@ use std::sync::Arc;
 
 use tracing::debug;
 
-use super::cm::CmId;
 use super::cm_device::CmDeviceList;
 use super::device::DeviceList;
-use super::odp::{OdpCaps, query_odp_caps};
+use super::odp_caps::{OdpCaps, query_odp_caps};
 use super::types::{Gid, GidType, Mtu, PortState};
 use crate::error::{Error, Result};
 use crate::sys;
@@ -254,40 +253,8 @@ impl Context {
         })
     }
 
-    /// The device context a CM id is bound to: the `ibv_context` librdmacm opened for it.
-    /// Create the protection domain, completion queue, [`Driver`](crate::driver::Driver) and
-    /// queue pair of an RDMA CM connection on this context.
-    ///
-    /// The context is librdmacm's and is never closed by this handle; it stays open while the
-    /// handle (or anything created from it) lives. Every call returns a new handle to the same
-    /// `ibv_context`: create it once per device and reuse it for later ids bound to the same
-    /// device (check with [`CmId::is_on`]), so that one driver serves the device.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] if the id is not bound to a device yet (call it after
-    /// `RDMA_CM_EVENT_ADDR_RESOLVED`, on the id of a `CONNECT_REQUEST`, or after binding to a
-    /// specific local address); [`Error::GetCmDevices`] or [`Error::QueryDevice`] if the
-    /// queries fail.
-    pub fn from_cm_id(id: &CmId) -> Result<Context> {
-        let Some(want) = id.verbs_ptr() else {
-            return Err(Error::InvalidArgument(
-                "the RDMA CM id is not bound to a device yet (resolve its address first, or \
-                 use the id of a CONNECT_REQUEST)"
-                    .into(),
-            ));
-        };
-        let list = Arc::new(CmDeviceList::get()?);
-        if !list.iter().any(|c| c == want) {
-            return Err(Error::InvalidArgument(
-                "the RDMA CM id's device is not in rdma_get_devices()".into(),
-            ));
-        }
-        Context::wrap_cm(want, list)
-    }
-
     /// Every device librdmacm has opened (`rdma_get_devices`), as contexts that
-    /// [`CmId::is_on`] recognises: open them once, then pick the one an id is bound to.
+    /// [`CmId::is_on`](super::CmId::is_on) recognises: open them once, then pick the one an id is bound to.
     ///
     /// # Errors
     ///
@@ -300,7 +267,10 @@ impl Context {
             .collect()
     }
 
-    fn wrap_cm(ctx: NonNull<sys::ibv_context>, list: Arc<CmDeviceList>) -> Result<Context> {
+    pub(super) fn wrap_cm(
+        ctx: NonNull<sys::ibv_context>,
+        list: Arc<CmDeviceList>,
+    ) -> Result<Context> {
         // SAFETY: `ctx` is an open context of `list` (alive); its `device`'s name is a C string.
         let name =
             unsafe { std::ffi::CStr::from_ptr(sys::ibv_get_device_name((*ctx.as_ptr()).device)) }

@@ -27,6 +27,7 @@ mod async_event;
 mod channel;
 mod cm;
 mod cm_addr;
+mod cm_context;
 mod cm_device;
 mod cm_event;
 mod cm_qp;
@@ -36,6 +37,7 @@ mod device;
 mod mr;
 mod mw;
 mod odp;
+mod odp_caps;
 mod pages;
 mod pd;
 mod qp;
@@ -48,17 +50,18 @@ pub use async_event::{AsyncEvent, EventElement};
 pub use channel::CompletionChannel;
 pub use cm::{
     CmId, CmIdKey, ConnParam, EventChannel, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
-    MAX_REJECT_PRIVATE_DATA,
+    MAX_REJECT_PRIVATE_DATA, PeerConnParam,
 };
-pub use cm_event::{CmEvent, CmEventKind, PeerConnParam, reject_reason};
+pub use cm_event::{CmEvent, CmEventKind, reject_reason};
 pub use cm_qp::CmQpAttr;
 pub use context::{Context, DeviceAttr, GidEntry, PortAttr};
 pub use cq::{CompletionQueue, CqId};
 pub use device::{DeviceInfo, devices};
 pub use mr::{MemoryRegion, RegisteredBuffer};
 pub use mw::MemoryWindow;
-pub(crate) use odp::RXE_ODP_SINCE;
-pub use odp::{OdpCaps, OdpMissing, OdpOps, Prefetch};
+pub use odp::Prefetch;
+pub(crate) use odp_caps::RXE_ODP_SINCE;
+pub use odp_caps::{OdpCaps, OdpMissing, OdpOps};
 pub(crate) use pages::explain_reg_error;
 pub use pages::{BASE_PAGE_SIZE, HUGE_PAGE_SIZE, HugePages, PageMapping, memlock_limit};
 pub use pd::ProtectionDomain;

@@ -10,7 +10,7 @@ use super::cq::CompletionQueue;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
 use super::types::{AccessFlags, Gid, Mtu};
-use super::wr::{RecvWr, STACK_CHAIN, SendWr, chain};
+use super::wr::{RecvWr, STACK_CHAIN, SendWr, bad_index, chain, post_recv_chain};
 use crate::error::{Error, Result};
 use crate::sys;
 
@@ -649,52 +649,6 @@ impl QueuePair {
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {
         self.inner.qp.as_ptr()
     }
-}
-
-/// Chains `wrs` (on the stack up to `STACK_CHAIN`) and hands the head to `post` (a queue
-/// pair's or a shared receive queue's `post_recv`, returning its code).
-///
-/// # Safety
-///
-/// As [`QueuePair::post_recv`]: the memory of every request stays valid until its completion.
-pub(crate) unsafe fn post_recv_chain(
-    wrs: &[RecvWr<'_>],
-    post: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32,
-) -> Result<()> {
-    if wrs.is_empty() {
-        return Ok(());
-    }
-    let mut stack = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); STACK_CHAIN];
-    let mut heap = Vec::new();
-    let list: &mut [sys::ibv_recv_wr] = if wrs.len() <= STACK_CHAIN {
-        for (slot, wr) in stack.iter_mut().zip(wrs) {
-            slot.write(wr.raw());
-        }
-        // SAFETY: the first `wrs.len()` slots were initialised just above.
-        unsafe { std::slice::from_raw_parts_mut(stack.as_mut_ptr().cast(), wrs.len()) }
-    } else {
-        heap.extend(wrs.iter().map(RecvWr::raw));
-        &mut heap
-    };
-    let head = chain(list, |w, next| w.next = next);
-    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-    let rc = post(head, &mut bad);
-    if rc != 0 {
-        let bad_index = bad_index(head, bad, wrs.len());
-        return Err(Error::code(rc, |source| Error::PostRecv {
-            bad_index,
-            source,
-        }));
-    }
-    Ok(())
-}
-
-fn bad_index<T>(head: *mut T, bad: *mut T, len: usize) -> usize {
-    if bad.is_null() {
-        return 0;
-    }
-    let offset = (bad as usize).wrapping_sub(head as usize) / std::mem::size_of::<T>();
-    offset.min(len)
 }
 
 /// A random 24-bit packet sequence number.

@@ -13,8 +13,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::pd::ProtectionDomain;
-use super::qp::post_recv_chain;
 use super::wr::RecvWr;
+use super::wr::post_recv_chain;
 use crate::error::{Error, Result};
 use crate::sys;
 

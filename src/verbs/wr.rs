@@ -2,7 +2,9 @@
 //! translation into chained `ibv_send_wr` / `ibv_recv_wr` lists (one doorbell per post).
 
 use std::fmt;
+use std::mem::MaybeUninit;
 
+use crate::error::{Error, Result};
 use crate::sys;
 
 /// A scatter/gather entry: `length` bytes at `addr`, inside a region registered with `lkey`.
@@ -335,6 +337,52 @@ pub(crate) fn chain<T>(storage: &mut [T], mut link: impl FnMut(&mut T, *mut T)) 
         link(unsafe { &mut *base.add(i) }, next);
     }
     base
+}
+
+/// Chains `wrs` (on the stack up to `STACK_CHAIN`) and hands the head to `post` (a queue
+/// pair's or a shared receive queue's `post_recv`, returning its code).
+///
+/// # Safety
+///
+/// As [`QueuePair::post_recv`](super::QueuePair::post_recv): the memory of every request stays valid until its completion.
+pub(crate) unsafe fn post_recv_chain(
+    wrs: &[RecvWr<'_>],
+    post: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32,
+) -> Result<()> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    let mut stack = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); STACK_CHAIN];
+    let mut heap = Vec::new();
+    let list: &mut [sys::ibv_recv_wr] = if wrs.len() <= STACK_CHAIN {
+        for (slot, wr) in stack.iter_mut().zip(wrs) {
+            slot.write(wr.raw());
+        }
+        // SAFETY: the first `wrs.len()` slots were initialised just above.
+        unsafe { std::slice::from_raw_parts_mut(stack.as_mut_ptr().cast(), wrs.len()) }
+    } else {
+        heap.extend(wrs.iter().map(RecvWr::raw));
+        &mut heap
+    };
+    let head = chain(list, |w, next| w.next = next);
+    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    let rc = post(head, &mut bad);
+    if rc != 0 {
+        let bad_index = bad_index(head, bad, wrs.len());
+        return Err(Error::code(rc, |source| Error::PostRecv {
+            bad_index,
+            source,
+        }));
+    }
+    Ok(())
+}
+
+pub(crate) fn bad_index<T>(head: *mut T, bad: *mut T, len: usize) -> usize {
+    if bad.is_null() {
+        return 0;
+    }
+    let offset = (bad as usize).wrapping_sub(head as usize) / std::mem::size_of::<T>();
+    offset.min(len)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::PoolInner;
+use super::inner::PoolInner;
 use crate::buf::{IoBuf, IoBufMut};
 use crate::verbs::{MemoryRegion, Sge};
 

@@ -30,6 +30,7 @@
 
 mod buf;
 mod freelist;
+mod inner;
 mod waiters;
 
 #[cfg(all(test, tokio_rdma_loom))]
@@ -47,9 +48,11 @@ use std::task::{Context, Poll};
 
 pub use buf::PoolBuf;
 
+use self::inner::{Class, PoolInner};
+
 use self::freelist::{FreeList, home_hint};
 use self::waiters::{Registered, WaitQueue};
-use super::registrar::{MrRegistrar, Registrar, Registration};
+use super::registrar::{MrRegistrar, Registrar};
 use crate::error::{Error, Result};
 use crate::verbs::{AccessFlags, HugePages, OdpOps, PageMapping, ProtectionDomain};
 
@@ -231,22 +234,6 @@ pub struct Pool {
     inner: Arc<PoolInner>,
 }
 
-pub(crate) struct PoolInner {
-    classes: Box<[Class]>,
-    waits: AtomicU64,
-    huge: bool,
-}
-
-struct Class {
-    size: usize,
-    count: u32,
-    // Field order matters: deregister before unmapping.
-    reg: Box<dyn Registration>,
-    mem: PageMapping,
-    free: FreeList,
-    waiters: WaitQueue,
-}
-
 impl Pool {
     /// A pool whose memory is registered in `pd` (`ibv_reg_mr`).
     ///
@@ -397,43 +384,6 @@ impl Pool {
         let ptr = unsafe { c.mem.as_ptr().add(slot as usize * c.size) };
         let ptr = NonNull::new(ptr).expect("mapping is non-null");
         PoolBuf::new(self.inner.clone(), class as u16, slot, ptr, len)
-    }
-}
-
-impl PoolInner {
-    fn class_for(&self, len: usize) -> Result<usize> {
-        let i = self.classes.partition_point(|c| c.size < len);
-        if i == self.classes.len() {
-            let max = self.classes.last().map_or(0, |c| c.size);
-            return Err(Error::InvalidArgument(format!(
-                "pool buffer of {len} bytes requested; the largest size class is {max} bytes"
-            )));
-        }
-        Ok(i)
-    }
-
-    /// The lkey that covers `len` bytes at `addr` if they lie in this pool's registered
-    /// memory (whatever buffer they belong to), else `None`.
-    pub(crate) fn lkey_of(&self, addr: usize, len: usize) -> Option<u32> {
-        self.classes.iter().find_map(|c| {
-            let start = c.mem.as_ptr() as usize;
-            let end = start + c.mem.len();
-            (addr >= start && addr.checked_add(len)? <= end).then(|| c.reg.lkey())
-        })
-    }
-
-    pub(crate) fn class_size(&self, class: u16) -> usize {
-        self.classes[usize::from(class)].size
-    }
-
-    pub(crate) fn registration(&self, class: u16) -> &dyn Registration {
-        &*self.classes[usize::from(class)].reg
-    }
-
-    /// Returns `slot` of `class`: to the oldest waiter, else to the free list.
-    pub(crate) fn release(&self, class: u16, slot: u32) {
-        let c = &self.classes[usize::from(class)];
-        c.waiters.release(&c.free, home_hint(), slot);
     }
 }
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::{CmSetup, RawConnection, RawOptions, create_qp, expect};
 use crate::conn::cm_async::AsyncChannel;
+use crate::conn::device::Device;
 use crate::driver::AsyncQp;
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::verbs::{CmEventKind, EventChannel, PeerConnParam, ProtectionDomain, QpState};
 
@@ -67,7 +67,7 @@ impl RawConnector {
     /// Resolves `addr` and creates the queue pair on `endpoint` (the device `addr` is reached
     /// through must be the endpoint's).
     pub(crate) async fn new(
-        endpoint: &Endpoint,
+        endpoint: &Device,
         addr: SocketAddr,
         opts: RawOptions,
     ) -> Result<RawConnector> {
@@ -76,11 +76,7 @@ impl RawConnector {
     }
 
     /// Creates the queue pair for the resolved `setup` on `endpoint`.
-    pub(crate) fn on(
-        endpoint: &Endpoint,
-        setup: CmSetup,
-        opts: RawOptions,
-    ) -> Result<RawConnector> {
+    pub(crate) fn on(endpoint: &Device, setup: CmSetup, opts: RawOptions) -> Result<RawConnector> {
         opts.validate()?;
         let (qp, pd) = create_qp(endpoint, &setup.id, &opts)?;
         Ok(RawConnector {

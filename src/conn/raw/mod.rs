@@ -30,8 +30,8 @@ use std::time::Duration;
 use tracing::debug;
 
 use super::cm_async::AsyncChannel;
+use crate::conn::device::Device;
 use crate::driver::{AsyncQp, QpOptions};
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::verbs::{
     AccessFlags, CmEventKind, CmId, ConnParam, Context, PeerConnParam, ProtectionDomain, QpCaps,
@@ -231,7 +231,7 @@ pub(crate) struct CmSetup {
 }
 
 /// Checks that `id` is on `endpoint`'s device.
-pub(crate) fn check_device(endpoint: &Endpoint, id: &CmId) -> Result<()> {
+pub(crate) fn check_device(endpoint: &Device, id: &CmId) -> Result<()> {
     let ctx = Context::from_cm_id(id)?;
     if endpoint.owns(&ctx) {
         Ok(())
@@ -247,7 +247,7 @@ pub(crate) fn check_device(endpoint: &Endpoint, id: &CmId) -> Result<()> {
 /// Creates a protection domain and a queue pair on `endpoint` for `id` and moves the queue
 /// pair to INIT with `opts.access`.
 pub(crate) fn create_qp(
-    endpoint: &Endpoint,
+    endpoint: &Device,
     id: &CmId,
     opts: &RawOptions,
 ) -> Result<(AsyncQp, ProtectionDomain)> {

@@ -7,8 +7,8 @@ use tracing::{debug, warn};
 
 use super::{CmSetup, RawConnection, RawOptions, create_qp, reject};
 use crate::conn::cm_async::AsyncChannel;
+use crate::conn::device::Device;
 use crate::driver::AsyncQp;
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::verbs::{CmEventKind, CmId, EventChannel, PeerConnParam, ProtectionDomain, QpState};
 
@@ -45,12 +45,12 @@ pub struct RawListener {
     events: AsyncChannel,
     id: CmId,
     /// Where accepted queue pairs go (`None`: the message listener chooses per request).
-    endpoint: Option<Endpoint>,
+    endpoint: Option<Device>,
 }
 
 /// Binds `addr` and listens with `backlog`, for requests accepted on `endpoint`.
 pub(crate) fn listen_on(
-    endpoint: Option<Endpoint>,
+    endpoint: Option<Device>,
     addr: SocketAddr,
     backlog: u32,
 ) -> Result<RawListener> {
@@ -141,7 +141,7 @@ pub struct RawRequest {
     setup: CmSetup,
     private_data: Vec<u8>,
     param: Option<PeerConnParam>,
-    endpoint: Option<Endpoint>,
+    endpoint: Option<Device>,
 }
 
 impl RawRequest {
@@ -193,7 +193,7 @@ impl RawRequest {
     }
 
     /// [`prepare`](Self::prepare) on `endpoint`.
-    pub(crate) fn prepare_on(self, endpoint: &Endpoint, opts: RawOptions) -> Result<RawAccepting> {
+    pub(crate) fn prepare_on(self, endpoint: &Device, opts: RawOptions) -> Result<RawAccepting> {
         let id = &self.setup.id;
         let made = opts.validate().and_then(|()| {
             let (qp, pd) = create_qp(endpoint, id, &opts)?;

@@ -52,7 +52,6 @@ use tracing::{debug, warn};
 
 use budget::{Budget, Claim};
 
-use super::io::ConnIo;
 use crate::buf::{Pool, PoolBuf, PoolConfig, PoolMetrics, SizeClass};
 use crate::driver::{Deferred, Driver, Sink, srq_wr_id};
 use crate::error::{Error, QpFailure, Result};
@@ -161,6 +160,13 @@ pub struct SrqStats {
     pub pool: PoolMetrics,
 }
 
+/// A connection short of receives on the queue, told when buffers were posted again (the
+/// connection's I/O implements it: the queue does not know the connection above it).
+pub(crate) trait Waiter: Send + Sync {
+    /// Buffers were posted on the queue again: look whether the claim can grant receives now.
+    fn buffers_back(&self);
+}
+
 /// The endpoint's shared receive queue (see the module docs).
 #[derive(Debug)]
 pub(crate) struct SharedRecv {
@@ -174,7 +180,7 @@ pub(crate) struct SharedRecv {
     budget: Budget,
     limit_events: AtomicU64,
     /// Connections waiting for a receive to come back to re-grant their floor.
-    waiters: Mutex<Vec<Weak<ConnIo>>>,
+    waiters: Mutex<Vec<Weak<dyn Waiter>>>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -331,8 +337,8 @@ impl SharedRecv {
         self.budget.posted(n as u32);
         let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
         for w in waiters {
-            if let Some(io) = w.upgrade() {
-                io.kick.notify_one();
+            if let Some(w) = w.upgrade() {
+                w.buffers_back();
             }
         }
     }
@@ -373,12 +379,12 @@ impl SharedRecv {
         }
     }
 
-    /// Asks `io` to be kicked when a buffer is posted again.
-    pub(crate) fn wait(&self, io: Weak<ConnIo>) {
+    /// Asks `w` to be told when a buffer is posted again.
+    pub(crate) fn wait(&self, w: Weak<dyn Waiter>) {
         self.waiters
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(io);
+            .push(w);
     }
 
     pub(crate) fn stats(&self) -> SrqStats {

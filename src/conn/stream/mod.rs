@@ -1,8 +1,8 @@
 //! [`RdmaStream`]: a connection as a byte stream (`AsyncRead + AsyncWrite`), so Tokio codecs
 //! and `AsyncReadExt`/`AsyncWriteExt` work unchanged.
 
+mod exclusive;
 mod read;
-mod split;
 mod write;
 
 pub use split::{OwnedReadHalf, OwnedWriteHalf, ReuniteError};
@@ -54,6 +54,14 @@ pub struct RdmaStream {
     conn: Arc<Connection>,
     rd: ReadState,
     wr: WriteState,
+}
+
+// In this file, above `connection.rs`: the connection does not know its stream adapter.
+impl Connection {
+    /// Turns the connection into a byte stream (`AsyncRead + AsyncWrite`), for codecs.
+    pub fn into_stream(self) -> RdmaStream {
+        RdmaStream::new(self)
+    }
 }
 
 impl RdmaStream {
@@ -202,27 +210,9 @@ macro_rules! write_impls {
 
 read_impls!(RdmaStream);
 write_impls!(RdmaStream);
-read_impls!(split::OwnedReadHalf);
-write_impls!(split::OwnedWriteHalf);
 
-/// Makes a `Send` value `Sync` by giving no access to it through a shared reference (the
-/// stream's futures are only ever polled through `&mut`).
-pub(super) struct Exclusive<T>(T);
-
-impl<T> Exclusive<T> {
-    fn new(v: T) -> Exclusive<T> {
-        Exclusive(v)
-    }
-
-    fn get_mut(&mut self) -> &mut T {
-        &mut self.0
-    }
-}
-
-// SAFETY: an `&Exclusive<T>` gives no access to the `T` (every accessor takes `&mut self`), so
-// sharing references between threads shares nothing; moving it to another thread needs
-// `T: Send`.
-unsafe impl<T: Send> Sync for Exclusive<T> {}
+// After the macros, which it uses for the halves.
+mod split;
 
 #[cfg(test)]
 mod tests {

@@ -11,7 +11,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes};
 use tokio::io::ReadBuf;
 
-use super::Exclusive;
+use super::exclusive::Exclusive;
 use crate::conn::{Connection, Message};
 use crate::error::Result;
 

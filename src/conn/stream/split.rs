@@ -172,7 +172,7 @@ impl Drop for OwnedWriteHalf {
             // End of stream after the messages already accepted (a write still in flight
             // took its place in the order when it was accepted).
             let shared = &self.conn.shared;
-            super::super::observe::close(shared, super::super::observe::ClosedBy::Drop, false);
+            super::super::lifecycle::close(shared, super::super::observe::ClosedBy::Drop, false);
         }
     }
 }
@@ -195,3 +195,6 @@ impl fmt::Debug for OwnedWriteHalf {
             .finish_non_exhaustive()
     }
 }
+
+read_impls!(OwnedReadHalf);
+write_impls!(OwnedWriteHalf);

@@ -20,7 +20,7 @@ use std::task::{Context, Poll, ready};
 use tokio::task::JoinHandle;
 use tracing::trace;
 
-use super::Exclusive;
+use super::exclusive::Exclusive;
 use crate::conn::Connection;
 use crate::error::{Error, QpFailure, Result};
 

@@ -37,32 +37,6 @@ use std::time::Instant;
 use super::ConnProto;
 use crate::error::{Error, QpFailure};
 
-/// The end-of-stream bookkeeping of a connection.
-#[derive(Debug, Default)]
-pub(super) struct Eos {
-    /// Our `Close`'s number among our control messages (1-based), once handed out.
-    close_seq: Option<u64>,
-    /// The peer's control messages received so far (its error report excepted).
-    ctrl_received: u64,
-    /// `ctrl_received` at the peer's `Close`: a `ctrl ack` of at least this confirms it.
-    peer_close_at: Option<u64>,
-    /// Our first control message whose `ctrl ack` confirms the peer's `Close`.
-    confirm_seq: Option<u64>,
-    /// Our control messages whose sends completed successfully (they complete in order).
-    ctrl_completed: u64,
-    /// A data send failed, or was given up unflushed: its chunk may not have reached the
-    /// peer (unless the peer returned its credit).
-    send_failed: bool,
-    /// Messages were still to go out at the failure (or rendezvous messages the peer had not
-    /// read): they never reach the peer.
-    queued_at_failure: bool,
-    /// Since when the disconnect waits for the confirmation of the peer's `Close` (or, after
-    /// a full close, for the peer's `Close` itself).
-    linger_since: Option<Instant>,
-    /// That wait reached the keepalive timeout: disconnect without it.
-    linger_over: bool,
-}
-
 impl<B: AsRef<[u8]>> ConnProto<B> {
     /// Closes this side: no new messages; end of stream goes out after the queued ones.
     pub fn close(&mut self) {

@@ -1,4 +1,4 @@
-//! Export of an [`Endpoint`]'s counters through the [`metrics`](https://docs.rs/metrics)
+//! Export of an [`Endpoint`](crate::Endpoint)'s counters through the [`metrics`](https://docs.rs/metrics)
 //! facade (feature `metrics`): [`Endpoint::export_metrics`] starts a task that, every period,
 //! copies [`DriverStats`], [`MemoryStats`], the shared receive queue's [`SrqStats`], every live
 //! connection's [`ConnStats`] and the metrics of pools and registration caches handed to
@@ -10,6 +10,8 @@
 //! registered with the recorder (`describe_*`) when the export starts.
 //!
 //! [`Connection::stats`]: crate::conn::Connection::stats
+//! [`Endpoint::export_metrics`]: crate::Endpoint::export_metrics
+//! [`Endpoint::stats`]: crate::Endpoint::stats
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,11 +19,13 @@ use std::time::Duration;
 
 use ::metrics::{Counter, Gauge, Label};
 
+use super::device::{Device, WeakDevice};
+use super::endpoint_options::MemoryStats;
+use super::observe::{ConnSnapshot, Registry};
+use super::srq::SrqStats;
+use super::stats::ConnStats;
 use crate::buf::{CacheMetrics, Pool, PoolMetrics, RegCache};
-use crate::conn::observe::{ConnSnapshot, Registry};
-use crate::conn::{ConnStats, SrqStats};
 use crate::driver::DriverStats;
-use crate::endpoint::{Endpoint, MemoryStats};
 use crate::error::{Error, Result};
 
 /// A metric: its name, help text, and how to read it from a snapshot of `T`.
@@ -439,7 +443,8 @@ struct Watched {
     caches: Vec<(String, RegCache)>,
 }
 
-/// The running export of an endpoint's metrics, started by [`Endpoint::export_metrics`].
+/// The running export of an endpoint's metrics, started by
+/// [`Endpoint::export_metrics`](crate::Endpoint::export_metrics).
 /// Dropping it stops the export (the series keep their last values in the recorder).
 ///
 /// Needs the crate feature `metrics`.
@@ -511,107 +516,43 @@ impl std::fmt::Debug for MetricsExporter {
     }
 }
 
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-impl Endpoint {
-    /// Starts exporting this endpoint's counters through the `metrics` facade every `period`
-    /// (feature `metrics`), labelled `device = <device name>`: the driver's [`DriverStats`],
-    /// the memory budget, the shared receive queue's [`SrqStats`] and pool (if configured),
-    /// the number of live connections, and each connection's [`ConnStats`] and pools
-    /// (labels `conn_id`, [`Connection::id`](crate::conn::Connection::id), and `peer`). The
-    /// series names are `tokio_rdma_*` (`docs/observability.md`). A connection's series get
-    /// their final values when it ends, and `tokio_rdma_conn_open` goes to 0; the facade
-    /// cannot remove a series, so let the recorder expire idle ones (e.g.
-    /// metrics-exporter-prometheus's `idle_timeout`).
-    ///
-    /// The task runs on the current Tokio runtime; it reads snapshots only (no lock held
-    /// across the export, nothing added to the data path), and stops when the returned
-    /// [`MetricsExporter`] is dropped or the endpoint is closed (its last handle dropped).
-    /// Install the recorder before calling this.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a zero `period`, or if an exporter of this endpoint is
-    /// already running (one at a time: it reports each ended connection once).
-    ///
-    /// # Panics
-    ///
-    /// Outside a Tokio runtime.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use tokio_rdma::Endpoint;
-    ///
-    /// # async fn demo() -> tokio_rdma::Result<()> {
-    /// // metrics_exporter_prometheus::PrometheusBuilder::new().install()? or any recorder.
-    /// let ep = Endpoint::open_first_active()?;
-    /// let _exporter = ep.export_metrics(Duration::from_secs(5))?;
-    /// let listener = ep.listen("0.0.0.0:7471").await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn export_metrics(&self, period: Duration) -> Result<MetricsExporter> {
-        self.export_metrics_labeled(period, Vec::new())
-    }
-
-    /// As [`export_metrics`](Self::export_metrics), with `labels` added to every series (to
-    /// tell several endpoints on one device apart, whose connection ids repeat).
-    ///
-    /// # Errors
-    ///
-    /// As [`export_metrics`](Self::export_metrics).
-    ///
-    /// # Panics
-    ///
-    /// Outside a Tokio runtime.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn f(ep: &tokio_rdma::Endpoint) -> tokio_rdma::Result<()> {
-    /// let _exporter = ep.export_metrics_labeled(
-    ///     std::time::Duration::from_secs(1),
-    ///     vec![("endpoint", "frontend".to_string())],
-    /// )?;
-    /// # Ok(()) }
-    /// ```
-    pub fn export_metrics_labeled(
-        &self,
-        period: Duration,
-        labels: Vec<(&'static str, String)>,
-    ) -> Result<MetricsExporter> {
-        if period.is_zero() {
-            return Err(Error::InvalidArgument(
-                "a metrics export period of zero".into(),
-            ));
-        }
-        let registry = self.conn_registry().clone();
-        if !registry.start_export() {
-            return Err(Error::InvalidArgument(
-                "a metrics exporter of this endpoint is already running".into(),
-            ));
-        }
-        let mut base = vec![Label::new("device", self.device_name().to_string())];
-        base.extend(labels.into_iter().map(|(k, v)| Label::new(k, v)));
-        let watched = Arc::new(Mutex::new(Watched::default()));
-        let task = tokio::spawn(run(
-            self.downgrade(),
-            registry.clone(),
-            watched.clone(),
-            base,
-            period,
+/// Starts the export of `dev`'s counters (`Endpoint::export_metrics_labeled`).
+pub(crate) fn start(
+    dev: &Device,
+    period: Duration,
+    labels: Vec<(&'static str, String)>,
+) -> Result<MetricsExporter> {
+    if period.is_zero() {
+        return Err(Error::InvalidArgument(
+            "a metrics export period of zero".into(),
         ));
-        Ok(MetricsExporter {
-            task,
-            registry,
-            watched,
-        })
     }
+    let registry = dev.conn_registry().clone();
+    if !registry.start_export() {
+        return Err(Error::InvalidArgument(
+            "a metrics exporter of this endpoint is already running".into(),
+        ));
+    }
+    let mut base = vec![Label::new("device", dev.device_name().to_string())];
+    base.extend(labels.into_iter().map(|(k, v)| Label::new(k, v)));
+    let watched = Arc::new(Mutex::new(Watched::default()));
+    let task = tokio::spawn(run(
+        dev.downgrade(),
+        registry.clone(),
+        watched.clone(),
+        base,
+        period,
+    ));
+    Ok(MetricsExporter {
+        task,
+        registry,
+        watched,
+    })
 }
 
 /// The exporter's task.
 async fn run(
-    weak: crate::endpoint::WeakEndpoint,
+    weak: WeakDevice,
     registry: Arc<Registry>,
     watched: Arc<Mutex<Watched>>,
     base: Vec<Label>,
@@ -645,7 +586,7 @@ async fn run(
         let Some(ep) = weak.upgrade() else {
             break;
         };
-        driver.publish(&ep.stats());
+        driver.publish(&ep.driver().stats());
         memory.publish(&ep.memory_stats());
         if let Some(s) = ep.shared_receive_stats() {
             let (q, pool) = srq.get_or_insert_with(|| {

@@ -1,0 +1,159 @@
+//! The connection as its queue pair's completion [`Sink`]: whoever polls the completion queue
+//! hands it the connection's completions, which go straight into the state machine; what the
+//! state machine then asks for is posted in the same call ([`ConnIo::pump`]).
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tracing::warn;
+
+use super::{ConnIo, ConnState, Held, Retired, SEND_BIT, Sent};
+use crate::buf::PoolBuf;
+use crate::conn::rdv_memory::Fetch;
+use crate::conn::srq::SRQ_BIT;
+use crate::driver::{Deferred, Sink};
+use crate::error::{QpFailure, WcStatus};
+use crate::proto::Cqe;
+
+fn cause_of(cqe: &Cqe, qp_failure: Option<&QpFailure>) -> QpFailure {
+    if cqe.status == WcStatus::WrFlushErr {
+        qp_failure.cloned().unwrap_or(QpFailure::Flushed)
+    } else {
+        QpFailure::WorkCompletion {
+            status: cqe.status,
+            vendor_err: cqe.vendor_err,
+        }
+    }
+}
+
+impl ConnIo {
+    /// A receive completed into `buf`: hand it to the state machine.
+    pub(super) fn received(
+        s: &mut ConnState,
+        buf: PoolBuf,
+        cqe: &Cqe,
+        qp_failure: Option<&QpFailure>,
+        now: Instant,
+    ) {
+        let res = if cqe.status == WcStatus::Success {
+            s.proto.heard(now);
+            Ok((cqe.byte_len, cqe.imm))
+        } else {
+            Err(cause_of(cqe, qp_failure))
+        };
+        s.proto.handle_recv(res, buf);
+    }
+}
+
+impl Sink for ConnIo {
+    fn on_completion(
+        &self,
+        local: u32,
+        cqe: &Cqe,
+        qp_failure: Option<&QpFailure>,
+        wake: &mut Deferred,
+    ) -> Option<QpFailure> {
+        let now = Instant::now();
+        let ok = cqe.status == WcStatus::Success;
+        let mut s = self.lock();
+        self.changes.fetch_add(1, Ordering::Release);
+        let was_failed = s.proto.failure().is_some();
+        if local & (SEND_BIT | SRQ_BIT) == SRQ_BIT {
+            self.shared_received(&mut s, local, cqe, qp_failure, now);
+        } else if local & SEND_BIT == 0 {
+            let Some(entry) = s.recvs.pop_front() else {
+                warn!(local, "a receive completion with no receive posted");
+                return None;
+            };
+            let seq = s.next_recv.wrapping_sub(s.recvs.len() as u32 + 1) & !SEND_BIT;
+            debug_assert_eq!(seq, local, "receive completions come in posting order");
+            // The drain marker's flush carries nothing for the state machine.
+            if let Some(buf) = entry {
+                Self::received(&mut s, buf, cqe, qp_failure, now);
+            }
+        } else {
+            let seq = local & !SEND_BIT;
+            if !s.sends.iter().any(|(q, _)| *q == seq) {
+                warn!(local, "a send completion that matches no send");
+                return None;
+            }
+            // Completions on a send queue come in posting order: every earlier send is done.
+            while let Some((q, sent)) = s.sends.pop_front() {
+                let this = q == seq;
+                let res = if this && !ok {
+                    Err(cause_of(cqe, qp_failure))
+                } else {
+                    Ok(())
+                };
+                match sent {
+                    Sent::Marker => {}
+                    Sent::Fetch { last } => {
+                        if last || res.is_err() {
+                            s.proto.fetch_done(res);
+                        }
+                        if last && ok {
+                            s.recv_bytes.fetched += s.fetch.as_ref().map_or(0, Fetch::len);
+                        }
+                    }
+                    Sent::Control(kind) => s.proto.handle_control_done(kind, res, now),
+                    Sent::Data(held) => {
+                        if let Held::User(b) = held {
+                            self.retire(Retired::Bytes(b));
+                        }
+                        // A send's completion is no sign of the peer's life (its NIC acks).
+                        if let Err(cause) = res {
+                            s.proto.data_send_failed(cause);
+                        }
+                    }
+                }
+                if this {
+                    break;
+                }
+            }
+            Self::wake_sq(&mut s, wake);
+        }
+        let kick = self.pump(&mut s, now, wake);
+        let newly_failed = !was_failed && s.proto.failure().is_some();
+        // On a shared receive queue every SEND of the peer takes a shared buffer, credits or
+        // not: a connection that broke the protocol stops consuming them now (its queue pair
+        // goes to ERR), not after its error report (which then flushes).
+        let failure = if newly_failed && (!ok || s.srq.is_some()) {
+            s.proto.failure().cloned()
+        } else {
+            None
+        };
+        if newly_failed {
+            Self::wake_sq(&mut s, wake);
+        }
+        drop(s);
+        // Under the driver's lock: the retired application bytes are dropped once it is
+        // released (their owner may hold the last handle of a queue pair of this driver).
+        if self.has_retired.load(Ordering::Acquire) {
+            if let Some(me) = self.me.upgrade() {
+                wake.after_unlock(me);
+            }
+        }
+        if kick || newly_failed {
+            self.kick.notify_one();
+        }
+        failure
+    }
+
+    fn after_unlock(&self) {
+        self.drop_retired();
+    }
+
+    fn on_driver_stopped(&self) {
+        let mut wake = Deferred::default();
+        {
+            let mut s = self.lock();
+            self.changes.fetch_add(1, Ordering::Release);
+            s.proto.fail(QpFailure::DriverStopped);
+            Self::wake_sq(&mut s, &mut wake);
+            self.pump(&mut s, Instant::now(), &mut wake);
+        }
+        wake.run();
+        self.drop_retired();
+        self.kick.notify_one();
+    }
+}

@@ -1,0 +1,135 @@
+//! [`State`]: everything behind the driver's lock: the operation table ([`Core`]), the queue
+//! pairs it drives (their handles and sinks), the `qpn -> key` map of the shared receive queue's
+//! queue pairs, and the reused lists of the hot path.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::warn;
+
+use super::deferred::{Deferred, Payload, Sink};
+use crate::error::QpFailure;
+use crate::proto::{Completed, Core, PostItem, QpKey};
+use crate::verbs::{QueuePair, WcBatch};
+
+/// A queue pair as the driver tracks it.
+#[derive(Debug)]
+pub(crate) struct QpEntry {
+    /// Its key in the core (index and generation).
+    pub(crate) key: QpKey,
+    pub(crate) qp: QueuePair,
+    /// Dropped or closed: remove it (and destroy the QP) once nothing is posted.
+    pub(crate) closing: bool,
+    /// Completion queue entries reserved for it.
+    pub(crate) cq_need: u64,
+    /// The owner of its sink-routed requests, if any.
+    pub(crate) sink: Option<Arc<dyn Sink>>,
+    /// On a shared receive queue: `IBV_EVENT_QP_LAST_WQE_REACHED` arrived (it takes no more
+    /// receives from the queue, and none it took is still to complete).
+    pub(crate) last_wqe: bool,
+    /// When it started closing (the bound on waiting for the last-WQE event).
+    pub(crate) closing_since: Option<Instant>,
+}
+
+/// How long a closing queue pair on a shared receive queue waits for
+/// `IBV_EVENT_QP_LAST_WQE_REACHED` before it is destroyed anyway (a provider that never sends
+/// the event: soft-RoCE before Linux 6.5; or the event was read by another driver on the same
+/// device context). Counted in `DriverStats::last_wqe_timeouts`.
+pub(crate) const LAST_WQE_WAIT: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) core: Core<Payload>,
+    /// By key index; an entry answers only to its own key ([`State::entry`]).
+    pub(crate) qps: Vec<Option<QpEntry>>,
+    /// Queue pairs on the shared receive queue, by number (its completions name no key).
+    pub(crate) by_qpn: HashMap<u32, QpKey>,
+    /// Takes the shared receive queue's completions whose queue pair has no sink any more.
+    pub(crate) srq_sink: Option<Arc<dyn Sink>>,
+    /// Reused lists (the hot path does not allocate).
+    pub(crate) posts: Vec<PostItem>,
+    pub(crate) out: Completed<Payload>,
+    pub(crate) batch: WcBatch,
+}
+
+impl State {
+    /// Has `wake` move newly failed queue pairs to the error state (so the device flushes
+    /// them) once the lock is released.
+    pub(crate) fn apply_failures(&mut self, wake: &mut Deferred) {
+        let mut failed = std::mem::take(&mut self.out.failed);
+        for qp in failed.drain(..) {
+            if let Some(e) = self.entry(qp) {
+                wake.move_to_error(&e.qp, None);
+            }
+        }
+        // Keep the list's memory.
+        self.out.failed = failed;
+    }
+
+    /// Fails `qp` with `cause`; `wake` moves it to ERR (after the lock is released) and
+    /// takes the wakers.
+    pub(crate) fn fail(&mut self, qp: QpKey, cause: QpFailure, wake: &mut Deferred) {
+        self.core.fail_qp(qp, cause, &mut self.out);
+        self.apply_failures(wake);
+        wake.take_from(&mut self.out);
+    }
+
+    /// The entry of `key`, if that queue pair is still registered (not another one that took
+    /// its index since).
+    pub(crate) fn entry(&self, key: QpKey) -> Option<&QpEntry> {
+        self.qps
+            .get(key.index())
+            .and_then(Option::as_ref)
+            .filter(|e| e.key == key)
+    }
+
+    /// As [`entry`](Self::entry), mutably.
+    pub(crate) fn entry_mut(&mut self, key: QpKey) -> Option<&mut QpEntry> {
+        self.qps
+            .get_mut(key.index())
+            .and_then(Option::as_mut)
+            .filter(|e| e.key == key)
+    }
+
+    /// Removes closing queue pairs with nothing left in flight (destroying the QP happens when
+    /// the returned handles are dropped, outside the lock). A queue pair on a shared receive
+    /// queue also waits for `IBV_EVENT_QP_LAST_WQE_REACHED`, up to [`LAST_WQE_WAIT`] after it
+    /// started closing: until then its number stays mapped to it, so a receive it took from
+    /// the queue completes to its key (the buffer goes back to the queue), and the number is
+    /// not given to a new queue pair that could take the old peer's bytes. Returns how many
+    /// were destroyed without the event (the bound passed).
+    pub(crate) fn reap_closed(&mut self, reaped: &mut Vec<QpEntry>, now: Instant) -> u64 {
+        let mut timeouts = 0;
+        for i in 0..self.qps.len() {
+            let (key, waited_out) = match &self.qps[i] {
+                Some(e) if e.closing => {
+                    let waiting = e.qp.srq().is_some() && !e.last_wqe;
+                    let since = e.closing_since.unwrap_or(now);
+                    if waiting && now.duration_since(since) < LAST_WQE_WAIT {
+                        continue;
+                    }
+                    (e.key, waiting)
+                }
+                _ => continue,
+            };
+            if self.core.posted(key) == 0 && self.core.remove_qp(key) {
+                if waited_out {
+                    timeouts += 1;
+                    warn!(
+                        qpn = self.qps[i].as_ref().map(|e| e.qp.qpn()),
+                        "no IBV_EVENT_QP_LAST_WQE_REACHED within {LAST_WQE_WAIT:?} of closing a \
+                         queue pair on the shared receive queue: destroyed without it"
+                    );
+                }
+                if let Some(e) = self.qps[i].take() {
+                    if self.by_qpn.get(&e.qp.qpn()) == Some(&e.key) {
+                        self.by_qpn.remove(&e.qp.qpn());
+                    }
+                    reaped.push(e);
+                }
+            }
+        }
+        timeouts
+    }
+}
