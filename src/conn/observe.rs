@@ -1,5 +1,5 @@
 //! What an operator sees of a connection without polling it: its id (unique per
-//! [`Endpoint`]), the `conn` span that carries the id, the peer and the local queue pair
+//! endpoint, a counter of its `Device`), the `conn` span that carries the id, the peer and the local queue pair
 //! number, and one event each for setup, failure and teardown (how it ended). With the
 //! `metrics` feature, also the registry the endpoint's exporter reads the live connections'
 //! counters from (`export.rs`). Nothing here is on the message path: it runs at setup, at
@@ -16,7 +16,7 @@ use tracing::{Span, info_span, warn};
 use crate::error::{Error, QpFailure};
 
 /// The `conn` span of a connection being set up on `side` ("client" or "server") with `peer`:
-/// `conn_id` and `qpn` are recorded once known ([`assign_id`], [`record_qpn`]).
+/// `conn_id` and `qpn` are recorded once known ([`record_id`], [`record_qpn`]).
 pub(crate) fn conn_span(peer: Option<SocketAddr>, side: &'static str) -> Span {
     match peer {
         Some(p) => info_span!("conn", peer = %p, side, conn_id = Empty, qpn = Empty),
@@ -103,13 +103,14 @@ pub(crate) fn classify(
     }
 }
 
-/// A connection's identity and what its teardown event needs, kept in [`ConnShared`].
+/// A connection's identity and what its teardown event needs, kept in its `ConnShared`.
 #[derive(Debug)]
 pub(crate) struct Observed {
     /// The id, unique among the connections of its endpoint.
     pub(crate) id: u64,
     /// The `conn` span (with `conn_id`, `qpn`, `peer`, `side`).
     pub(crate) span: Span,
+    /// The peer's address (set once established).
     pub(crate) peer: Option<SocketAddr>,
     started: Instant,
     closed_by: AtomicU8,
