@@ -86,6 +86,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     // Busy mode: rounds this task has polled the CQ in a row and found nothing.
     let mut idle_rounds = 0u32;
     loop {
+        shared.counters.task_wakeups.fetch_add(1, Ordering::Relaxed);
         let others_polled = spun_at != Some(shared.counters.polls.load(Ordering::Relaxed));
         if !std::mem::take(&mut fresh) {
             let found = shared.drain(&mut reaped);

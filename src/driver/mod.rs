@@ -198,6 +198,7 @@ impl Driver {
             unknown: c.unknown.load(Ordering::Relaxed),
             polled_in_place: c.polled_in_place.load(Ordering::Relaxed),
             arms: c.arms.load(Ordering::Relaxed),
+            task_wakeups: c.task_wakeups.load(Ordering::Relaxed),
             last_wqe_reached: c.last_wqe_reached.load(Ordering::Relaxed),
             last_wqe_timeouts: c.last_wqe_timeouts.load(Ordering::Relaxed),
             ops_in_table: ops,
