@@ -263,7 +263,7 @@ impl Shared {
     /// handles). Call without the lock.
     ///
     /// `ibv_destroy_qp` may wait in the kernel (soft-RoCE under load: up to seconds), so the
-    /// handles are dropped on the blocking pool ([`off_runtime`](super::off_runtime)): the
+    /// handles are dropped on the blocking pool ([`off_runtime`](super::offload::off_runtime)): the
     /// completion task, which wakes futures onto its worker, never stalls on it. The CQ
     /// entries are given back only once the queue pair is destroyed.
     pub(crate) fn release(&self, reaped: &mut Vec<QpEntry>) {
