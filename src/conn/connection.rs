@@ -225,7 +225,7 @@ impl Connection {
             pd: parts.pd,
             params: negotiated,
             io,
-            _memory: memory,
+            memory,
         });
         if parts.peer_gone {
             shared.io.with(|s| s.in_error = true);

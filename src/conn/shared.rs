@@ -25,7 +25,7 @@ pub(crate) struct ConnShared {
     /// Messages: the state machine, the posted receives and sends.
     pub(crate) io: Arc<ConnIo>,
     /// The connection's pools in its endpoint's memory budget, given back with this.
-    pub(crate) _memory: Reservation,
+    pub(crate) memory: Reservation,
 }
 
 /// A received message: the bytes, in the connection's receive buffer (a single-chunk message,
