@@ -68,6 +68,10 @@ impl Connection {
     ///
     /// The connection's failure ([`Error::QpFailed`](crate::Error::QpFailed)), e.g.
     /// [`QpFailure::Protocol`](crate::QpFailure::Protocol) if the peer broke the protocol.
+    /// [`Error::MemoryBudgetExhausted`](crate::Error::MemoryBudgetExhausted) if the next
+    /// message is a rendezvous message whose buffer the endpoint's memory budget cannot take
+    /// now: the connection is fine and the message stays queued (call again later, or read it
+    /// into your own buffer with [`recv_into`](Self::recv_into)).
     ///
     /// # Cancel safety
     ///
