@@ -397,16 +397,22 @@ pub enum Error {
         floor: u32,
     },
     /// The endpoint's memory budget ([`EndpointOptions::memory_budget`](crate::EndpointOptions::memory_budget))
-    /// cannot take another connection: the registered receive and staging pools of the
-    /// connections it carries (`in_use` bytes) plus this one's (`needed`) would exceed it.
-    /// The connection was refused before its pools were made; a client sees a server's
-    /// refusal as [`Error::ConnectionRejected`] with this text.
+    /// cannot take `needed` more bytes: what its connections hold (`in_use` bytes: their
+    /// registered receive and staging pools, and the buffers of the rendezvous messages being
+    /// read) plus these would exceed it.
+    ///
+    /// From a connect or accept: the connection was refused before its pools were made; a
+    /// client sees a server's refusal as [`Error::ConnectionRejected`] with this text. From
+    /// [`Connection::recv`](crate::conn::Connection::recv): the next message is a rendezvous
+    /// message that would need a buffer of `needed` bytes; it stays queued (nothing is lost),
+    /// and a later `recv` tries again, or `recv_into` reads it into the caller's buffer.
     ///
     /// What to do: raise the budget, make connections smaller (`recv_credits`,
-    /// `recv_buf_size`, `max_send_chunk`, `max_staged_chunks`), or close idle connections.
+    /// `recv_buf_size`, `max_send_chunk`, `max_staged_chunks`, `max_message_size`), or close
+    /// idle connections.
     #[error(
-        "the endpoint's memory budget cannot take another connection: {in_use} of {budget} \
-         bytes in use, {needed} needed"
+        "the endpoint's memory budget cannot take {needed} more bytes: {in_use} of {budget} \
+         bytes in use"
     )]
     MemoryBudgetExhausted {
         /// The endpoint's budget, bytes.

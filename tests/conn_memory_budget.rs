@@ -200,3 +200,89 @@ async fn a_clients_budget_for_two_connections_refuses_the_third_with_the_typed_e
     .await;
     back_to(&baseline).await;
 }
+
+/// Slack above one connection's pools, for the rendezvous read test below.
+const SLACK: u64 = 64 << 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_rendezvous_read_past_the_budget_is_refused_and_the_message_stays_queued() {
+    common::init_tracing();
+    // One connection's pools plus 64 KiB: a 256 KiB rendezvous message cannot be read into a
+    // buffer of the crate's own (that buffer is registered memory of this endpoint), a 48 KiB
+    // one can. At 08b6742 and before, `recv` allocated and registered any announced size up to
+    // `max_message_size` outside the budget.
+    let server_ep = Endpoint::open_with(
+        &common::device_name(),
+        EndpointOptions::default().memory_budget(Some(PER_CONNECTION + SLACK)),
+    )
+    .expect("server endpoint");
+    let client_ep = Endpoint::open(&common::device_name()).expect("client endpoint");
+    let o = small()
+        .max_message_size(1 << 20)
+        .rendezvous_threshold(Some(32 << 10));
+    let listener = server_ep
+        .listen_with(addr(7483), o.clone())
+        .await
+        .expect("listen");
+    let (c, s) = tokio::join!(
+        within(60, "connect", client_ep.connect(addr(7483), o)),
+        within(60, "accept", listener.accept()),
+    );
+    let (c, s) = (c.expect("connect"), s.expect("accept"));
+    assert!(s.params().rendezvous, "rendezvous negotiated");
+    assert_eq!(server_ep.memory_stats().in_use, PER_CONNECTION);
+
+    let big = bytes::Bytes::from(common::pattern(256 << 10, 7));
+    let small_msg = bytes::Bytes::from(common::pattern(48 << 10, 8));
+    let sender = {
+        let (big, small_msg) = (big.clone(), small_msg.clone());
+        tokio::spawn(async move {
+            c.send_bytes(big).await?;
+            c.send_bytes(small_msg).await?;
+            Ok::<_, Error>(c)
+        })
+    };
+
+    // `recv` refuses the big one, twice: it stays queued, nothing registered for it.
+    for attempt in 0..2 {
+        let err = within(60, "recv", s.recv())
+            .await
+            .expect_err("no room for a 256 KiB read buffer");
+        println!("recv attempt {attempt}: {err}");
+        match err {
+            Error::MemoryBudgetExhausted {
+                budget,
+                in_use,
+                needed,
+            } => {
+                assert_eq!(budget, PER_CONNECTION + SLACK);
+                assert_eq!((in_use, needed), (PER_CONNECTION, 256 << 10));
+            }
+            other => panic!("expected MemoryBudgetExhausted, got {other:?}"),
+        }
+    }
+    let m = server_ep.memory_stats();
+    println!("  server endpoint after the refusals: {m:?}");
+    assert_eq!((m.in_use, m.refused), (PER_CONNECTION, 2));
+
+    // The caller's own buffer takes it: nothing was lost, and the order holds.
+    let (got, v) = within(60, "recv_into", s.recv_into(vec![0u8; 256 << 10])).await;
+    assert_eq!(got.expect("recv_into"), Some(256 << 10));
+    assert!(v[..] == big[..], "the big message, intact");
+    // A message that fits the slack is read into a buffer of the crate's, in the budget
+    // while it is read, and given back after.
+    let msg = within(60, "recv", s.recv())
+        .await
+        .expect("recv")
+        .expect("a message");
+    assert!(msg[..] == small_msg[..], "the 48 KiB message, intact");
+    drop(msg);
+    assert_eq!(server_ep.memory_stats().in_use, PER_CONNECTION);
+    let c = within(60, "sender", sender)
+        .await
+        .expect("sender task")
+        .expect("both sends");
+    close_all(vec![c, s]).await;
+    eventually("every share back", || server_ep.memory_stats().in_use == 0).await;
+}

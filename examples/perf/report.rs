@@ -19,10 +19,11 @@ pub struct StatsDelta {
     pub posted: u64,
     pub polled_in_place: u64,
     pub arms: u64,
+    pub task_wakeups: u64,
 }
 
 impl StatsDelta {
-    const FIELDS: [&'static str; 8] = [
+    const FIELDS: [&'static str; 9] = [
         "completions",
         "cq_events",
         "empty_events",
@@ -31,9 +32,10 @@ impl StatsDelta {
         "posted",
         "polled_in_place",
         "arms",
+        "task_wakeups",
     ];
 
-    fn values(&self) -> [u64; 8] {
+    fn values(&self) -> [u64; 9] {
         [
             self.completions,
             self.cq_events,
@@ -43,6 +45,7 @@ impl StatsDelta {
             self.posted,
             self.polled_in_place,
             self.arms,
+            self.task_wakeups,
         ]
     }
 
@@ -72,6 +75,7 @@ impl StatsDelta {
             posted: get("posted")?,
             polled_in_place: get("polled_in_place")?,
             arms: get("arms")?,
+            task_wakeups: get("task_wakeups")?,
         })
     }
 
@@ -89,6 +93,7 @@ impl StatsDelta {
         StatsDelta {
             polled_in_place: b.polled_in_place - a.polled_in_place,
             arms: b.arms - a.arms,
+            task_wakeups: b.task_wakeups - a.task_wakeups,
             completions: b.completions - a.completions,
             cq_events: b.cq_events - a.cq_events,
             empty_events: b.empty_events - a.empty_events,

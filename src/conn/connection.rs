@@ -193,7 +193,7 @@ impl Connection {
             pd: parts.pd,
             params: negotiated,
             io,
-            _memory: memory,
+            memory,
             obs,
         });
         if parts.peer_gone {

@@ -65,10 +65,12 @@ pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
 pub struct MemoryStats {
     /// The budget ([`EndpointOptions::memory_budget`]).
     pub budget: Option<u64>,
-    /// Bytes the endpoint's message connections hold in their pools now (reserved at
-    /// admission, given back when a connection's state is gone).
+    /// Bytes the endpoint's message connections hold now: their pools (reserved at admission,
+    /// given back when a connection's state is gone) and the buffers of the rendezvous
+    /// messages being read (reserved when a read starts, given back when it ends).
     pub in_use: u64,
-    /// Connections refused with [`Error::MemoryBudgetExhausted`](crate::Error::MemoryBudgetExhausted) so far.
+    /// Reservations refused with [`Error::MemoryBudgetExhausted`](crate::Error::MemoryBudgetExhausted) so far: connections, and
+    /// `recv` calls whose rendezvous message did not fit.
     pub refused: u64,
 }
 

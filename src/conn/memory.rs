@@ -18,7 +18,8 @@ pub(crate) struct MemoryBudget {
     refused: AtomicU64,
 }
 
-/// Bytes of one connection, reserved in its endpoint's budget until dropped.
+/// Bytes reserved in an endpoint's budget until dropped (a connection's pools, or the buffer
+/// of a rendezvous message being read).
 #[derive(Debug)]
 pub(crate) struct Reservation {
     budget: Arc<MemoryBudget>,
@@ -68,6 +69,13 @@ impl MemoryBudget {
     /// Connections refused so far.
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+}
+
+impl Reservation {
+    /// The budget this reservation is in.
+    pub(crate) fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
     }
 }
 

@@ -8,6 +8,7 @@ use std::any::Any;
 
 use bytes::Bytes;
 
+use super::memory::Reservation;
 use crate::buf::{IoBufMut, blocking};
 use crate::error::{Error, Result};
 use crate::proto::conn::RemoteMsg;
@@ -138,6 +139,9 @@ pub(crate) struct Fetch {
     pub(crate) posted: u64,
     /// The live `recv_into` call whose buffer `dest` is (0: none, any receive may take it).
     pub(crate) owner: u64,
+    /// `dest`'s bytes in the endpoint's memory budget when the crate allocated it (`recv`),
+    /// given back with the fetch (after `dest`).
+    pub(crate) reserved: Option<Reservation>,
 }
 
 impl Fetch {
@@ -201,6 +205,7 @@ impl Fetch {
             lkey,
             posted: 0,
             owner,
+            reserved: None,
         })
     }
 

@@ -68,6 +68,10 @@ impl Connection {
     ///
     /// The connection's failure ([`Error::QpFailed`](crate::Error::QpFailed)), e.g.
     /// [`QpFailure::Protocol`](crate::QpFailure::Protocol) if the peer broke the protocol.
+    /// [`Error::MemoryBudgetExhausted`](crate::Error::MemoryBudgetExhausted) if the next
+    /// message is a rendezvous message whose buffer the endpoint's memory budget cannot take
+    /// now: the connection is fine and the message stays queued (call again later, or read it
+    /// into your own buffer with [`recv_into`](Self::recv_into)).
     ///
     /// # Cancel safety
     ///
@@ -139,12 +143,16 @@ impl Connection {
             match self.next(&mut wait, None, 0).await? {
                 Next::Local(d) => return Ok(d.map(|d| Message::new(d, io.clone()))),
                 Next::Remote(m) => {
+                    // The buffer is registered memory of this endpoint: in its budget, or
+                    // refused with the message left queued (see `MemoryBudgetExhausted`).
+                    let reserved = self.shared.memory.budget().reserve(m.len)?;
                     // Allocated and registered outside the connection's lock.
                     let mut v = zeroed(m.len as usize)?;
                     let at = (v.as_mut_ptr() as usize, None);
-                    let fetch = Fetch::open(&self.shared.pd, m, at, Box::new(v), 0)
+                    let mut fetch = Fetch::open(&self.shared.pd, m, at, Box::new(v), 0)
                         .await
                         .map_err(|(e, _)| e)?;
+                    fetch.reserved = Some(reserved);
                     drop(self.start_fetch(fetch));
                 }
                 Next::Fetched(f) => {

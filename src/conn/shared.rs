@@ -25,7 +25,7 @@ pub(crate) struct ConnShared {
     /// Messages: the state machine, the posted receives and sends.
     pub(crate) io: Arc<ConnIo>,
     /// The connection's pools in its endpoint's memory budget, given back with this.
-    pub(crate) _memory: Reservation,
+    pub(crate) memory: Reservation,
     /// The connection's id and span, and how it closed (`observe.rs`).
     pub(crate) obs: super::observe::Observed,
 }

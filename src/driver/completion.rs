@@ -20,6 +20,7 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, error, trace, warn};
 
+use super::deferred::Deferred;
 use super::latency::{WaitKind, spin_budget};
 use super::options::CompletionMode;
 use super::shared::Shared;
@@ -66,6 +67,9 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         }
     };
     let mut reaped = Vec::new();
+    // Reused by every drain (emptied by each): its inline waker slots are set up once, not
+    // per drain.
+    let mut wake = Deferred::default();
     // The poll count after our own last drain (every CQ poll counts, in place or here).
     let mut spun_at: Option<u64> = None;
     // When the CQ was last watched (a spinner, or completions found by this task); adaptive
@@ -86,9 +90,10 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     // Busy mode: rounds this task has polled the CQ in a row and found nothing.
     let mut idle_rounds = 0u32;
     loop {
+        shared.counters.task_wakeups.fetch_add(1, Ordering::Relaxed);
         let others_polled = spun_at != Some(shared.counters.polls.load(Ordering::Relaxed));
         if !std::mem::take(&mut fresh) {
-            let found = shared.drain(&mut reaped);
+            let found = shared.drain(&mut reaped, &mut wake);
             seen(found, &mut watched);
             idle_rounds = if found > 0 { 0 } else { idle_rounds + 1 };
         }
@@ -149,7 +154,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             shared.counters.arms.fetch_add(1, Ordering::Relaxed);
             armed = true;
             // Completions that arrived before the arm raise no event: poll once more.
-            if seen(shared.drain(&mut reaped), &mut watched) {
+            if seen(shared.drain(&mut reaped, &mut wake), &mut watched) {
                 continue;
             }
         }
@@ -188,7 +193,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                             }
                         }
                         fresh = true;
-                        if shared.drain(&mut reaped) == 0 {
+                        if shared.drain(&mut reaped, &mut wake) == 0 {
                             // An event with no completions: normal (the arm/poll race, or a
                             // spinning future got there first), not an error.
                             shared.counters.empty_events.fetch_add(1, Ordering::Relaxed);
@@ -206,9 +211,12 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 }
             },
             () = shared.notify.notified() => trace!("completion task notified"),
-            () = tokio::time::sleep(STALE_SPIN_CHECK), if watched_by_others => {}
+            // `select!` builds the future of a disabled branch too: an async block creates
+            // its timer (a clock read and a timer-wheel entry) only when polled, so a loop
+            // round that needs neither timer (every round in event mode) reads no clock.
+            () = async { tokio::time::sleep(STALE_SPIN_CHECK).await }, if watched_by_others => {}
             // A closing queue pair may be waiting for a bound to pass (see `LAST_WQE_WAIT`).
-            () = tokio::time::sleep(CLOSING_CHECK), if shared.closing.load(Ordering::Acquire) => {}
+            () = async { tokio::time::sleep(CLOSING_CHECK).await }, if shared.closing.load(Ordering::Acquire) => {}
         }
     }
     shared.cq.ack_events();

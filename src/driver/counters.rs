@@ -14,6 +14,7 @@ pub(crate) struct Counters {
     pub(crate) unknown: AtomicU64,
     pub(crate) polled_in_place: AtomicU64,
     pub(crate) arms: AtomicU64,
+    pub(crate) task_wakeups: AtomicU64,
     pub(crate) last_wqe_reached: AtomicU64,
     pub(crate) last_wqe_timeouts: AtomicU64,
 }

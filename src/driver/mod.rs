@@ -43,7 +43,6 @@ use tracing::debug;
 
 pub(crate) use deferred::{Deferred, Sink};
 pub(crate) use latency::WaitKind;
-pub(crate) use offload::off_runtime;
 pub use options::{CompletionMode, DriverOptions, DriverStats, QpOptions};
 pub use qp::AsyncQp;
 pub(crate) use raw::{OpConfig, RawOp};
@@ -198,6 +197,7 @@ impl Driver {
             unknown: c.unknown.load(Ordering::Relaxed),
             polled_in_place: c.polled_in_place.load(Ordering::Relaxed),
             arms: c.arms.load(Ordering::Relaxed),
+            task_wakeups: c.task_wakeups.load(Ordering::Relaxed),
             last_wqe_reached: c.last_wqe_reached.load(Ordering::Relaxed),
             last_wqe_timeouts: c.last_wqe_timeouts.load(Ordering::Relaxed),
             ops_in_table: ops,

@@ -138,6 +138,10 @@ pub struct DriverStats {
     pub polled_in_place: u64,
     /// Times the completion task armed the CQ for an event.
     pub arms: u64,
+    /// Times the completion task ran (woken by a CQ event, a notification, its timer or its
+    /// own yield). On a multi-thread runtime each is a wake-up of the worker it runs on: a
+    /// busy-path cost that the in-place polling of waiting futures exists to avoid.
+    pub task_wakeups: u64,
     /// Operations in the table now.
     pub ops_in_table: u64,
     /// Queue pairs registered with the driver, closing ones included (a dropped queue pair

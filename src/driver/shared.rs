@@ -221,13 +221,13 @@ impl Shared {
     }
 
     /// Polls until the CQ is empty (the completion task's way). Returns how many completions.
-    pub(crate) fn drain(&self, reaped: &mut Vec<QpEntry>) -> usize {
+    /// `wake` is run (emptied) after each batch; the task passes the same one every time.
+    pub(crate) fn drain(&self, reaped: &mut Vec<QpEntry>, wake: &mut Deferred) -> usize {
         let mut total = 0;
-        let mut wake = Deferred::default();
         loop {
             let (n, full) = {
                 let mut st = self.lock();
-                let n = self.poll_cq(&mut st, &mut wake);
+                let n = self.poll_cq(&mut st, wake);
                 let full = n == st.batch.capacity();
                 if self.closing.load(Ordering::Acquire) {
                     let timeouts = st.reap_closed(reaped, Instant::now());
@@ -263,7 +263,7 @@ impl Shared {
     /// handles). Call without the lock.
     ///
     /// `ibv_destroy_qp` may wait in the kernel (soft-RoCE under load: up to seconds), so the
-    /// handles are dropped on the blocking pool ([`off_runtime`](super::off_runtime)): the
+    /// handles are dropped on the blocking pool ([`off_runtime`](super::offload::off_runtime)): the
     /// completion task, which wakes futures onto its worker, never stalls on it. The CQ
     /// entries are given back only once the queue pair is destroyed.
     pub(crate) fn release(&self, reaped: &mut Vec<QpEntry>) {

@@ -5,7 +5,9 @@
 //! completion task must be told at once (it then arms the CQ and polls once more): a
 //! completion that arrived after the last spinner's last poll would otherwise wait for the
 //! task's next stale-spin check. [`Spinners::leave`] says when that is the case; the caller
-//! notifies (`Shared::spinner_left`). The hand-off is model-checked with `loom` (the tests
+//! notifies (`Shared::spinner_left`). A future that leaves because its own operation
+//! completed notifies only if some future sleeps (`Waiter::done`): otherwise nothing waits
+//! for the task, and the notification was a cross-thread wake-up per operation. The hand-off is model-checked with `loom` (the tests
 //! below, docs/testing.md#concurrency-models).
 
 use crate::sync::atomic::{AtomicUsize, Ordering};

@@ -9,17 +9,21 @@
 //!   the send queue (bounded by the network) and for receives (bounded by the peer). A future
 //!   spins for up to twice the average plus a small floor, capped at `max_spin`, then sleeps;
 //!   when the average itself exceeds `max_spin` (a peer that answers slowly), it sleeps at
-//!   once, since spinning would mostly be wasted. Every completion a future observes updates
-//!   the average, so the policy follows the workload both ways.
+//!   once, since spinning would mostly be wasted, except one wait in
+//!   [`PROBE_EVERY`](super::latency::PROBE_EVERY), which spins `max_spin` to find out whether
+//!   waits got short again (a sleeping future's sample includes its wake-up, so without
+//!   probes the average could not come down: see [`Latency`](super::latency::Latency)).
+//!   Every completion a future observes updates the average, so the policy follows the
+//!   workload both ways.
 //!
 //! A spinning future returns `Pending` after waking itself, so the runtime runs other tasks
 //! (and, on soft-RoCE, the kernel's rxe work gets the CPU) between two polls. While any future
 //! spins, the completion task leaves the CQ unarmed: no interrupt, no event, no task hop per
 //! completion.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::latency::{WaitKind, spin_budget};
+use super::latency::WaitKind;
 use super::options::CompletionMode;
 use super::shared::Shared;
 
@@ -27,6 +31,12 @@ use super::shared::Shared;
 #[derive(Debug, Default)]
 pub(crate) struct Waiter {
     since: Option<Instant>,
+    /// Adaptive mode: how long this wait spins, decided at its first spin.
+    budget: Option<Duration>,
+    /// This wait is a probe (see [`Latency`]).
+    probing: bool,
+    /// It went to sleep at least once (its sample then includes a wake-up).
+    slept: bool,
     spinning: bool,
     /// Counted in `Shared::sleepers`.
     sleeping: bool,
@@ -48,7 +58,14 @@ impl Waiter {
             CompletionMode::BusyPoll => true,
             CompletionMode::Event => false,
             CompletionMode::Adaptive { max_spin } => {
-                let budget = spin_budget(shared.latency.estimate(kind), max_spin);
+                let budget = match self.budget {
+                    Some(b) => b,
+                    None => {
+                        let (b, probing) = shared.latency.budget(kind, max_spin);
+                        self.probing = probing;
+                        *self.budget.insert(b)
+                    }
+                };
                 let since = *self.since.get_or_insert_with(Instant::now);
                 !budget.is_zero() && since.elapsed() < budget
             }
@@ -67,6 +84,7 @@ impl Waiter {
             }
             if !self.sleeping {
                 self.sleeping = true;
+                self.slept = true;
                 shared.sleeper_joined();
             }
         }
@@ -74,11 +92,32 @@ impl Waiter {
     }
 
     /// The operation completed: records its latency and stops spinning.
+    ///
+    /// Unlike [`leave`](Self::leave), the last spinner finishing this way wakes the completion
+    /// task only when some future sleeps (it needs the task to watch the CQ for it). With
+    /// nobody asleep there is nothing to hand off: this future has just polled the CQ (the
+    /// task, leaving the CQ to futures that poll in place, sees the poll count move and goes
+    /// on doing so until its next stale check), and the next operation usually polls in
+    /// place again at once. Waking it anyway cost a cross-thread wake-up per operation on a
+    /// multi-thread runtime, where the task runs on another worker (17-34 task runs per
+    /// round trip in busy mode, against 0.4-0.6 on the current-thread runtime). A sleeper
+    /// joining at the same moment wakes the task itself (`sleeper_joined`); a wake-up lost
+    /// to that race costs at most the task's stale check (`STALE_SPIN_CHECK`), never a hang.
     pub(crate) fn done(&mut self, shared: &Shared, kind: WaitKind) {
         if let Some(since) = self.since.take() {
-            shared.latency.record(kind, since.elapsed());
+            shared
+                .latency
+                .finish(kind, since.elapsed(), self.probing && !self.slept);
         }
-        self.leave(shared);
+        self.budget = None;
+        self.probing = false;
+        self.slept = false;
+        if std::mem::take(&mut self.spinning) && shared.spinners.leave() && shared.sleepers.any() {
+            shared.notify.notify_one();
+        }
+        if std::mem::take(&mut self.sleeping) {
+            let _ = shared.sleepers.leave();
+        }
     }
 
     /// Stops spinning (the future is dropped, or goes to sleep).
