@@ -113,6 +113,10 @@ pub(crate) async fn run(shared: Arc<ConnShared>, id: Arc<CmId>, events: AsyncCha
 
 /// Disconnects, moves the queue pair to the error state, and waits (bounded) until every
 /// receive and send has flushed, so their buffers are free again.
+/// At most this many CQ polls pick up a closing connection's last shared receives (see
+/// `teardown`).
+const SRQ_FINAL_POLLS: usize = 64;
+
 async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
     let io = &shared.io;
     // How it ended, before the failure below (an event if it failed).
@@ -178,6 +182,19 @@ async fn teardown(shared: &ConnShared, id: &CmId, events: &AsyncChannel) {
              all); the queue pair is in the error state (it processes nothing): their buffers \
              are released"
         );
+    }
+    // Receives this queue pair took from the shared receive queue before it entered the
+    // error state may still sit in the CQ, unpolled (the drain above counts only the
+    // connection's own requests, and a future whose operation completed no longer wakes the
+    // completion task): poll them in now, so each reaches this connection rather than
+    // arriving after its claim is gone (an orphan). Bounded: on a CQ other connections keep
+    // busy a poll may always find something.
+    if io.with(|s| s.srq.is_some()) {
+        for _ in 0..SRQ_FINAL_POLLS {
+            if shared.qp.poll_completions() == 0 {
+                break;
+            }
+        }
     }
     // The queue pair is in the error state and consumes no more shared receives: give the
     // claim on the shared receive queue back. Nothing can read this side's rendezvous
