@@ -14,11 +14,25 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::within;
-use tokio_rdma::conn::{ConnectOptions, SrqOptions};
+use tokio_rdma::conn::{ConnectOptions, Connection, Listener, SrqOptions};
 use tokio_rdma::{Endpoint, EndpointOptions};
 
 fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([192, 0, 2, 1], port))
+}
+
+/// Connects to `listener` (on `port`) from `ep` and accepts: (client, server).
+async fn pair(
+    ep: &Endpoint,
+    listener: &Listener,
+    port: u16,
+    opts: &ConnectOptions,
+) -> (Connection, Connection) {
+    let (c, s) = within(60, "connection setup", async {
+        tokio::join!(ep.connect(addr(port), opts.clone()), listener.accept())
+    })
+    .await;
+    (c.expect("connect"), s.expect("accept"))
 }
 
 /// Whether this kernel's rxe sends the last-WQE event (Linux 6.5 and later).
@@ -52,11 +66,7 @@ async fn a_queue_pair_on_the_shared_receive_queue_is_destroyed_after_its_last_wq
         .listen_with(addr(7491), opts.clone())
         .await
         .expect("listen");
-    let (c, s) = within(60, "connection setup", async {
-        tokio::join!(ep.connect(addr(7491), opts), listener.accept())
-    })
-    .await;
-    let (client, server) = (c.expect("connect"), s.expect("accept"));
+    let (client, server) = pair(&ep, &listener, 7491, &opts).await;
     let (sent, got) = within(60, "a message", async {
         tokio::join!(client.send(b"on the queue"), server.recv())
     })
@@ -135,11 +145,7 @@ async fn endpoints_on_one_device_each_get_their_own_async_events() {
         .expect("listen");
     let mut conns = Vec::new();
     for _ in 0..CONNS {
-        let (c, s) = within(60, "connection setup", async {
-            tokio::join!(ep.connect(addr(7492), opts.clone()), listener.accept())
-        })
-        .await;
-        conns.push((c.expect("connect"), s.expect("accept")));
+        conns.push(pair(&ep, &listener, 7492, &opts).await);
     }
     let before = ep.stats();
     let t0 = Instant::now();
