@@ -11,6 +11,7 @@
 //! stack                      # every scenario, both ends in this process, on 192.0.2.1 (rxe0 in the VM)
 //! stack --smoke http2 grpc   # a few seconds each (the test suite's run)
 //! stack --addr 10.0.0.1 --iters 5000
+//! stack --net rdma --no-baseline --streams 0 --iters 2000 http2   # one row, for a profiler
 //! ```
 //!
 //! docs/ecosystem.md explains the glue; docs/benchmarks.md has a table from the VM.
@@ -68,6 +69,24 @@ struct Args {
     /// Small counts: a few seconds per scenario in the soft-RoCE VM (the test suite's run)
     #[arg(long)]
     smoke: bool,
+    /// Run on this transport only (no comparison table) [default: both]
+    #[arg(long, value_enum)]
+    net: Option<Only>,
+    /// Concurrent HTTP/2 streams of the multiplexed row; 0 skips that row
+    #[arg(long, default_value_t = 8)]
+    streams: u64,
+    /// Skip the raw ping-pong baselines (the table then has no ratio to them)
+    #[arg(long)]
+    no_baseline: bool,
+}
+
+/// One transport, for `--net`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Only {
+    /// RdmaStream (and the raw Connection baseline)
+    Rdma,
+    /// TcpStream on loopback (and the raw TCP baseline)
+    Tcp,
 }
 
 /// A scenario's rows over both transports.
@@ -117,15 +136,23 @@ fn print_rows(scenario: Scenario, net: Net, rows: &Rows, took: Duration) {
 
 /// The final table: both transports side by side, and for the small rows the stack's cost
 /// over the raw ping-pong on each transport.
-fn print_table(rows: &[Compared], raw_rdma: &Measured, raw_tcp: &Measured, small: usize) {
-    println!();
-    println!(
-        "raw ping-pong of {small} B: RDMA Connection p50 {:.1} us ({:.0}/s), TCP p50 {:.1} us ({:.0}/s)",
-        raw_rdma.p50_us(),
-        raw_rdma.rate(),
-        raw_tcp.p50_us(),
-        raw_tcp.rate()
-    );
+fn print_table(
+    rows: &[Compared],
+    raw_rdma: Option<&Measured>,
+    raw_tcp: Option<&Measured>,
+    small: usize,
+) {
+    let raw = raw_rdma.zip(raw_tcp);
+    if let Some((raw_rdma, raw_tcp)) = raw {
+        println!();
+        println!(
+            "raw ping-pong of {small} B: RDMA Connection p50 {:.1} us ({:.0}/s), TCP p50 {:.1} us ({:.0}/s)",
+            raw_rdma.p50_us(),
+            raw_rdma.rate(),
+            raw_tcp.p50_us(),
+            raw_tcp.rate()
+        );
+    }
     println!();
     println!(
         "| scenario | RDMA req/s | TCP req/s | req/s RDMA/TCP | RDMA p50 us | TCP p50 us | p50 RDMA/TCP | RDMA p50 / raw Connection | TCP p50 / raw TCP | (RDMA/raw) / (TCP/raw) |"
@@ -133,7 +160,7 @@ fn print_table(rows: &[Compared], raw_rdma: &Measured, raw_tcp: &Measured, small
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let (a, b) = (&r.rdma, &r.tcp);
-        let ratio = if r.name.ends_with("small") {
+        let ratio = if let Some((raw_rdma, raw_tcp)) = raw.filter(|_| r.name.ends_with("small")) {
             let x = a.p50_us() / raw_rdma.p50_us();
             let y = b.p50_us() / raw_tcp.p50_us();
             format!("{x:.2} | {y:.2} | {:.2}", x / y)
@@ -177,7 +204,7 @@ async fn main_inner(args: Args) -> Res<()> {
         small: args.small,
         frames: if args.smoke { 24 } else { 2000 },
         large: if args.smoke { 1 } else { 50 },
-        streams: 8,
+        streams: args.streams,
         stream_msgs: if args.smoke { 20 } else { 200 },
     };
     let scenarios = if args.scenarios.is_empty() {
@@ -193,29 +220,44 @@ async fn main_inner(args: Args) -> Res<()> {
     let rdma_at = |i: u16| Net::Rdma(SocketAddr::new(ip, args.port + i));
     println!("stack: {scenarios:?} over RDMA ({ip}) and TCP loopback, {load:?}");
 
-    let raw_rdma = baseline::rdma(SocketAddr::new(ip, args.port), load.small, iters).await?;
-    let raw_tcp = baseline::tcp(load.small, iters).await?;
-    println!(
-        "RDMA   raw Connection ping-pong      {:>7} requests {:>10.0}/s  p50 {:>9.1} us",
-        raw_rdma.requests,
-        raw_rdma.rate(),
-        raw_rdma.p50_us()
-    );
-    println!(
-        "TCP    raw TcpStream ping-pong       {:>7} requests {:>10.0}/s  p50 {:>9.1} us",
-        raw_tcp.requests,
-        raw_tcp.rate(),
-        raw_tcp.p50_us()
-    );
+    let (rdma_on, tcp_on) = (args.net != Some(Only::Tcp), args.net != Some(Only::Rdma));
+    let mut raw_rdma = None;
+    let mut raw_tcp = None;
+    if !args.no_baseline && rdma_on {
+        let m = baseline::rdma(SocketAddr::new(ip, args.port), load.small, iters).await?;
+        println!(
+            "RDMA   raw Connection ping-pong      {:>7} requests {:>10.0}/s  p50 {:>9.1} us",
+            m.requests,
+            m.rate(),
+            m.p50_us()
+        );
+        raw_rdma = Some(m);
+    }
+    if !args.no_baseline && tcp_on {
+        let m = baseline::tcp(load.small, iters).await?;
+        println!(
+            "TCP    raw TcpStream ping-pong       {:>7} requests {:>10.0}/s  p50 {:>9.1} us",
+            m.requests,
+            m.rate(),
+            m.p50_us()
+        );
+        raw_tcp = Some(m);
+    }
 
     let mut table = Vec::new();
     for (i, &scenario) in scenarios.iter().enumerate() {
-        let t = Instant::now();
-        let rdma = run(scenario, rdma_at(1 + i as u16), load).await?;
-        print_rows(scenario, rdma_at(0), &rdma, t.elapsed());
-        let t = Instant::now();
-        let tcp = run(scenario, Net::Tcp, load).await?;
-        print_rows(scenario, Net::Tcp, &tcp, t.elapsed());
+        let mut rdma = Rows::new();
+        let mut tcp = Rows::new();
+        if rdma_on {
+            let t = Instant::now();
+            rdma = run(scenario, rdma_at(1 + i as u16), load).await?;
+            print_rows(scenario, rdma_at(0), &rdma, t.elapsed());
+        }
+        if tcp_on {
+            let t = Instant::now();
+            tcp = run(scenario, Net::Tcp, load).await?;
+            print_rows(scenario, Net::Tcp, &tcp, t.elapsed());
+        }
         for ((name, a), (_, b)) in rdma.into_iter().zip(tcp) {
             table.push(Compared {
                 name,
@@ -224,7 +266,9 @@ async fn main_inner(args: Args) -> Res<()> {
             });
         }
     }
-    print_table(&table, &raw_rdma, &raw_tcp, load.small);
+    if rdma_on && tcp_on {
+        print_table(&table, raw_rdma.as_ref(), raw_tcp.as_ref(), load.small);
+    }
     Ok(())
 }
 

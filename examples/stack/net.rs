@@ -94,7 +94,7 @@ pub struct Load {
     pub frames: u64,
     /// 1 MiB bodies in the HTTP/1.1 run.
     pub large: u64,
-    /// Concurrent HTTP/2 streams, each doing `iters / streams` echoes.
+    /// Concurrent HTTP/2 streams, each doing `iters / streams` echoes (0: no multiplexed row).
     pub streams: u64,
     /// Messages per gRPC server-streaming call, and calls.
     pub stream_msgs: u64,
