@@ -166,7 +166,7 @@ impl<B: Send + 'static> RawOp<B> {
         // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
         // (a runtime round trip per empty poll costs several times the poll itself); the lock
         // is released between polls, so other threads post and poll meanwhile.
-        let polls = shared.in_place_polls();
+        let polls = waiter.in_place_polls(shared);
         let mut n = 0;
         while res.is_pending() && n < polls {
             if n > 0 {
