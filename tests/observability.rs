@@ -5,6 +5,8 @@
 #![allow(clippy::print_stdout)]
 
 mod common;
+#[path = "common/raw_peer.rs"]
+mod raw_peer;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,8 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::within;
+use raw_peer::{RawOpts, RawPeer};
 use tokio_rdma::Endpoint;
 use tokio_rdma::conn::ConnectOptions;
+use tokio_rdma::conn::handshake::Params;
+use tokio_rdma::{Error, QpFailure};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};
@@ -253,4 +258,99 @@ async fn a_refused_connect_emits_one_failure_event() {
     assert!(e.fields.contains_key("detail"), "the error's Debug");
     assert!(cap.named("connection established").is_empty());
     assert!(cap.named("connection closed").is_empty());
+}
+
+/// The two endings the first test cannot produce: a peer that goes silent (a raw peer that
+/// connects and then never sends, confirms or polls anything: its queue pair still acknowledges
+/// every send, as a stopped process's would) ends with `keepalive_timeout` and one warning
+/// with the cause; a connection dropped without `close` ends with `drop`.
+#[tokio::test]
+#[ignore = "needs an RDMA device; run in the soft-RoCE VM (scripts/rxe-vm)"]
+async fn a_silent_peer_and_a_dropped_connection_end_with_their_own_events() {
+    let cap = Capture::default();
+    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(cap.clone()));
+    let ep = Endpoint::open(&common::device_name()).expect("endpoint");
+    let (keepalive, timeout) = (Duration::from_millis(300), Duration::from_secs(1));
+    let opts = ConnectOptions::default()
+        .keepalive(Some(keepalive))
+        .keepalive_timeout(timeout);
+    let listener = ep
+        .listen_with(addr(7593), opts.clone())
+        .await
+        .expect("listen");
+
+    // A silent peer: the server's pending receive fails with the keepalive timeout.
+    let raw = RawOpts::new(Params::default());
+    let (peer, server) = tokio::join!(
+        tokio::task::spawn_blocking(move || RawPeer::connect(addr(7593), raw)),
+        within(60, "accept the raw peer", listener.accept())
+    );
+    let (peer, server) = (peer.expect("raw peer"), server.expect("accept"));
+    let id = server.id().to_string();
+    let end = within(60, "the silent peer's verdict", server.recv()).await;
+    println!("silent peer: recv() -> {end:?}");
+    assert!(
+        matches!(end, Err(Error::QpFailed(QpFailure::KeepaliveTimeout(t))) if t == timeout),
+        "{end:?}"
+    );
+    let closed = wait_for(&cap, "connection closed", 1).await;
+    let e = &closed[0];
+    assert_eq!(conn_field(e, "conn_id"), id);
+    assert_eq!(
+        e.fields.get("ending").map(String::as_str),
+        Some("keepalive_timeout"),
+        "{e:#?}"
+    );
+    let failed = cap.named("connection failed");
+    assert_eq!(failed.len(), 1, "one failure event: {:#?}", cap.events());
+    assert_eq!(failed[0].level, Level::WARN);
+    assert_eq!(conn_field(&failed[0], "conn_id"), id);
+    let cause = failed[0]
+        .fields
+        .values()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        cause.contains("keepalive"),
+        "the cause is named: {failed:#?}"
+    );
+    drop(server);
+    drop(peer);
+
+    // A connection dropped without close(): its event says so.
+    let (client, server) = within(60, "connect", async {
+        tokio::join!(ep.connect(addr(7593), opts.clone()), listener.accept())
+    })
+    .await;
+    let (client, server) = (client.expect("connect"), server.expect("accept"));
+    let id = client.id().to_string();
+    drop(client);
+    let end = within(60, "the server's verdict", server.recv()).await;
+    println!("dropped client: server recv() -> {end:?}");
+    let of_client = |cap: &Capture| -> Vec<Captured> {
+        cap.named("connection closed")
+            .into_iter()
+            .filter(|e| e.conn.as_ref().unwrap().get("conn_id") == Some(&id))
+            .collect()
+    };
+    let mine = within(60, "the dropped client's event", async {
+        loop {
+            let mine = of_client(&cap);
+            if !mine.is_empty() {
+                return mine;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(of_client(&cap).len(), 1, "one event per connection");
+    assert_eq!(
+        mine[0].fields.get("ending").map(String::as_str),
+        Some("drop"),
+        "{:#?}",
+        mine[0]
+    );
+    println!("events: {:#?}", cap.named("connection closed"));
 }
