@@ -116,16 +116,34 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
 
 /// Waits (bounded) until `n` events named `message` were captured.
 async fn wait_for(cap: &Capture, message: &str, n: usize) -> Vec<Captured> {
+    wait_until(cap, message, |got| got.len() >= n).await
+}
+
+/// Waits (bounded) until the events named `message` satisfy `done`; returns them.
+async fn wait_until(
+    cap: &Capture,
+    message: &str,
+    done: impl Fn(&[Captured]) -> bool,
+) -> Vec<Captured> {
     within(60, message, async {
         loop {
             let got = cap.named(message);
-            if got.len() >= n {
+            if done(&got) {
                 return got;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
+}
+
+/// Captures this thread's events (the tests' runtime is current-thread: the connection
+/// tasks run here) until the guard is dropped; and an endpoint on the test device.
+fn capture() -> (Capture, tracing::subscriber::DefaultGuard, Endpoint) {
+    let cap = Capture::default();
+    let guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(cap.clone()));
+    let ep = Endpoint::open(&common::device_name()).expect("endpoint");
+    (cap, guard, ep)
 }
 
 /// The event of `side` among `events` (exactly one).
@@ -150,9 +168,7 @@ fn conn_field<'a>(e: &'a Captured, name: &str) -> &'a str {
 #[tokio::test]
 #[ignore = "needs an RDMA device; run in the soft-RoCE VM (scripts/rxe-vm)"]
 async fn connect_and_close_emit_setup_and_teardown_events_with_one_id() {
-    let cap = Capture::default();
-    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(cap.clone()));
-    let ep = Endpoint::open(&common::device_name()).expect("endpoint");
+    let (cap, _guard, ep) = capture();
     let listener = ep
         .listen_with(addr(7591), ConnectOptions::default())
         .await
@@ -234,9 +250,7 @@ async fn connect_and_close_emit_setup_and_teardown_events_with_one_id() {
 #[tokio::test]
 #[ignore = "needs an RDMA device; run in the soft-RoCE VM (scripts/rxe-vm)"]
 async fn a_refused_connect_emits_one_failure_event() {
-    let cap = Capture::default();
-    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(cap.clone()));
-    let ep = Endpoint::open(&common::device_name()).expect("endpoint");
+    let (cap, _guard, ep) = capture();
     // Nobody listens on this port: the peer's RDMA CM rejects the request.
     let opts = ConnectOptions::default().connect_timeout(Duration::from_secs(30));
     let err = within(60, "refused connect", ep.connect(addr(7592), opts))
@@ -267,9 +281,7 @@ async fn a_refused_connect_emits_one_failure_event() {
 #[tokio::test]
 #[ignore = "needs an RDMA device; run in the soft-RoCE VM (scripts/rxe-vm)"]
 async fn a_silent_peer_and_a_dropped_connection_end_with_their_own_events() {
-    let cap = Capture::default();
-    let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(cap.clone()));
-    let ep = Endpoint::open(&common::device_name()).expect("endpoint");
+    let (cap, _guard, ep) = capture();
     let (keepalive, timeout) = (Duration::from_millis(300), Duration::from_secs(1));
     let opts = ConnectOptions::default()
         .keepalive(Some(keepalive))
@@ -328,24 +340,12 @@ async fn a_silent_peer_and_a_dropped_connection_end_with_their_own_events() {
     drop(client);
     let end = within(60, "the server's verdict", server.recv()).await;
     println!("dropped client: server recv() -> {end:?}");
-    let of_client = |cap: &Capture| -> Vec<Captured> {
-        cap.named("connection closed")
-            .into_iter()
-            .filter(|e| e.conn.as_ref().unwrap().get("conn_id") == Some(&id))
-            .collect()
-    };
-    let mine = within(60, "the dropped client's event", async {
-        loop {
-            let mine = of_client(&cap);
-            if !mine.is_empty() {
-                return mine;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let of_client = |e: &Captured| e.conn.as_ref().unwrap().get("conn_id") == Some(&id);
+    wait_until(&cap, "connection closed", |got| got.iter().any(of_client)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(of_client(&cap).len(), 1, "one event per connection");
+    let closed = cap.named("connection closed");
+    let mine: Vec<_> = closed.iter().filter(|e| of_client(e)).collect();
+    assert_eq!(mine.len(), 1, "one event per connection: {closed:#?}");
     assert_eq!(
         mine[0].fields.get("ending").map(String::as_str),
         Some("drop"),
