@@ -7,24 +7,24 @@ use std::task::Poll;
 use super::connection::Connection;
 use bytes::Bytes;
 
-use super::io::Source;
+use super::io::{ConnState, Source};
 use super::progress::Progress;
 use super::rdv_memory::RdvSource;
 use crate::buf::{PoolBuf, blocking};
 use crate::error::{Error, QpFailure, Result};
 
-/// Cancels the message in the state machine if the send is dropped before handing out its
-/// last chunk (the peer then gets an abort and drops the partial message).
+/// Cancels the message in the state machine if the send is dropped after it was queued and
+/// before handing out its last chunk (the peer then gets an abort and drops the partial
+/// message).
 struct SendGuard<'a> {
     conn: &'a Connection,
-    id: u64,
-    armed: bool,
+    /// The message's number once queued; `None` again once its last chunk is out.
+    id: Option<u64>,
 }
 
 impl Drop for SendGuard<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            let id = self.id;
+        if let Some(id) = self.id {
             self.conn.shared.io.with(|s| s.proto.cancel_send(id));
         }
     }
@@ -200,18 +200,30 @@ impl Connection {
 
     /// Sends the message in `src`; with `rdv`, `src` is the descriptor of `rdv`'s message,
     /// which goes by rendezvous (resolving once the peer read it).
+    ///
+    /// A message that needs no staging buffer (inline, or sent from registered memory) is
+    /// queued and, when credits and the send queue allow, handed out and posted in one look at
+    /// the state: one lock for a small message's whole send.
     async fn send_from(&self, src: Source<'_>, mut rdv: Option<RdvSource>) -> Result<()> {
         let msg = src.bytes();
         let io = &self.shared.io;
         let by_rdv = rdv.is_some();
-        let id = io.with(|s| match &rdv {
-            Some(r) => s.proto.start_send_rendezvous(r.len()),
-            None => s.proto.start_send(msg.len() as u64),
-        })?;
+        let rdv_len = rdv.as_ref().map(RdvSource::len);
         let mut guard = SendGuard {
             conn: self,
-            id,
-            armed: true,
+            id: None,
+        };
+        // Queues the message in the state machine, on the first look.
+        let queue = |s: &mut ConnState, guard: &mut SendGuard<'_>| -> Result<u64> {
+            if let Some(id) = guard.id {
+                return Ok(id);
+            }
+            let id = match rdv_len {
+                Some(len) => s.proto.start_send_rendezvous(len)?,
+                None => s.proto.start_send(msg.len() as u64)?,
+            };
+            guard.id = Some(id);
+            Ok(id)
         };
         let chunk_size = self.shared.params.max_send_size as usize;
         let mut wait = Progress::new(self);
@@ -221,7 +233,11 @@ impl Connection {
             let len = (msg.len() - offset).min(chunk_size);
             if io.needs_staging(&src, len) && staging.is_none() {
                 // Only the message whose turn it is takes a staging buffer.
-                wait.run(|s, cx| s.proto.poll_turn(id, cx)).await?;
+                wait.run(|s, cx| {
+                    let id = queue(s, &mut guard)?;
+                    s.proto.poll_turn(id, cx)
+                })
+                .await?;
                 staging = Some(match io.staging().try_acquire(chunk_size)? {
                     Some(b) => b,
                     None => io.staging().acquire(chunk_size).await?,
@@ -229,6 +245,7 @@ impl Connection {
             }
             let last = wait
                 .run(|s, cx| {
+                    let id = queue(s, &mut guard)?;
                     if !io.sq_ready(s, cx.waker()) {
                         return Poll::Pending;
                     }
@@ -260,10 +277,11 @@ impl Connection {
         if by_rdv {
             // The descriptor is out: the send resolves once the peer read the message (the
             // memory stays open until then even if this future is dropped).
+            let id = guard.id.expect("queued");
             wait.run(|s, cx| s.proto.poll_fetched(id, cx)).await?;
         }
         // Every chunk is on the device: the message is whole whatever happens to this future.
-        guard.armed = false;
+        guard.id = None;
         Ok(())
     }
 }

@@ -5,7 +5,7 @@ use std::task::{Context, Poll};
 
 use super::connection::Connection;
 use super::io::ConnState;
-use crate::driver::{WaitKind, Waiter};
+use crate::driver::{Deferred, WaitKind, Waiter};
 use crate::error::Result;
 
 impl Connection {
@@ -24,13 +24,19 @@ impl Connection {
 pub(crate) struct Progress<'a> {
     conn: &'a Connection,
     waiter: Waiter,
+    /// What the in-place polls leave to run after the driver's lock: set up once per wait.
+    wake: Deferred,
 }
 
 impl<'a> Progress<'a> {
     pub(crate) fn new(conn: &'a Connection) -> Progress<'a> {
         let mut waiter = Waiter::default();
         waiter.start(conn.shared.qp.shared());
-        Progress { conn, waiter }
+        Progress {
+            conn,
+            waiter,
+            wake: Deferred::default(),
+        }
     }
 
     pub(crate) async fn run<T>(
@@ -65,7 +71,7 @@ impl<'a> Progress<'a> {
                     if n > 1 {
                         std::hint::spin_loop();
                     }
-                    conn.qp.poll_completions();
+                    conn.qp.poll_completions_into(&mut self.wake);
                 }
                 if seen == Some(io.changes()) {
                     continue;

@@ -168,15 +168,22 @@ impl AsyncQp {
     /// Polls the completion queue once, in place, applying what it finds (for futures that
     /// wait on something a completion produces, such as a connection's next message).
     pub(crate) fn poll_completions(&self) -> usize {
+        self.poll_completions_into(&mut Deferred::default())
+    }
+
+    /// [`poll_completions`](Self::poll_completions) with the caller's `Deferred`, which is
+    /// run (emptied) before this returns: a waiter that polls many times in a row sets one up
+    /// once, not per poll (most polls find nothing, and an empty poll should cost little
+    /// more than `ibv_poll_cq`).
+    pub(crate) fn poll_completions_into(&self, wake: &mut Deferred) -> usize {
         let shared = self.shared();
-        let mut wake = Deferred::default();
         let n = {
             let mut st = shared.lock();
             shared
                 .counters
                 .polled_in_place
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            shared.poll_cq(&mut st, &mut wake)
+            shared.poll_cq(&mut st, wake)
         };
         wake.run();
         n

@@ -112,7 +112,7 @@ impl Sink for ConnIo {
             }
             Self::wake_sq(&mut s, wake);
         }
-        let kick = self.pump(&mut s, now, wake);
+        let kick = self.pump(&mut s, Some(now), wake);
         let newly_failed = !was_failed && s.proto.failure().is_some();
         // On a shared receive queue every SEND of the peer takes a shared buffer, credits or
         // not: a connection that broke the protocol stops consuming them now (its queue pair
@@ -150,7 +150,7 @@ impl Sink for ConnIo {
             self.changes.fetch_add(1, Ordering::Release);
             s.proto.fail(QpFailure::DriverStopped);
             Self::wake_sq(&mut s, &mut wake);
-            self.pump(&mut s, Instant::now(), &mut wake);
+            self.pump(&mut s, None, &mut wake);
         }
         wake.run();
         self.drop_retired();

@@ -294,14 +294,18 @@ impl ConnIo {
     /// Runs `f` on the state, then does what the state machine asks (posts, control messages),
     /// wakes the tasks it woke (outside the lock), and kicks the driver task if needed.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut ConnState) -> R) -> R {
+        let mut s = self.lock();
+        self.changes.fetch_add(1, Ordering::Release);
+        let r = f(&mut s);
+        if Self::settled(&s) {
+            // Nothing to post, wake or kick (most looks): no `Deferred` to set up either.
+            drop(s);
+            self.drop_retired();
+            return r;
+        }
         let mut wake = Deferred::default();
-        let (r, kick) = {
-            let mut s = self.lock();
-            self.changes.fetch_add(1, Ordering::Release);
-            let r = f(&mut s);
-            let kick = self.pump(&mut s, Instant::now(), &mut wake);
-            (r, kick)
-        };
+        let kick = self.pump(&mut s, None, &mut wake);
+        drop(s);
         wake.run();
         self.drop_retired();
         if kick {
@@ -313,19 +317,40 @@ impl ConnIo {
     /// Does what the state machine asks: receives to post, control messages to send. Collects
     /// its wakers into `wake`. Returns whether the driver task must look (a deadline earlier
     /// than the one it sleeps until, missing buffers, a disconnect, or teardown progress).
-    pub(crate) fn pump(&self, s: &mut ConnState, now: Instant, wake: &mut Deferred) -> bool {
-        self.post_recvs(s);
-        self.post_fetch(s);
+    /// `now`: the time, if the caller has read the clock (else it is read only if needed).
+    ///
+    /// Most calls find the state settled (a look that found no message, a chunk handed out):
+    /// then they return at once, without reading the clock (see [`Self::settled`]).
+    pub(crate) fn pump(
+        &self,
+        s: &mut ConnState,
+        now: Option<Instant>,
+        wake: &mut Deferred,
+    ) -> bool {
+        if Self::settled(s) {
+            return false;
+        }
+        // Each step only if it may have something to do (a completion that woke a receiver
+        // has no receive to post and, mostly, no control message to send).
+        if s.srq.is_some() || s.short || s.proto.recvs_to_post() > 0 {
+            self.post_recvs(s);
+        }
+        if s.fetch.is_some() {
+            self.post_fetch(s);
+        }
         self.release_rendezvous(s);
-        while (s.sends.len() as u32) < self.sq_budget {
-            let Some(t) = s.proto.poll_transmit(now) else {
-                break;
-            };
-            trace!(kind = ?t.kind, imm = t.imm, "control message");
-            // Control messages are always signaled: their completion is reported.
-            let op = SendOp::SendWithImm(t.imm);
-            if !self.post_send_entry(s, op, &[], Sent::Control(t.kind)) {
-                break;
+        if !s.proto.transmit_idle() {
+            let now = now.unwrap_or_else(Instant::now);
+            while (s.sends.len() as u32) < self.sq_budget {
+                let Some(t) = s.proto.poll_transmit(now) else {
+                    break;
+                };
+                trace!(kind = ?t.kind, imm = t.imm, "control message");
+                // Control messages are always signaled: their completion is reported.
+                let op = SendOp::SendWithImm(t.imm);
+                if !self.post_send_entry(s, op, &[], Sent::Control(t.kind)) {
+                    break;
+                }
             }
         }
         if std::mem::take(&mut s.to_error) {
@@ -335,16 +360,54 @@ impl ConnIo {
             wake.push(w);
         }
         let kicked = s.proto.take_driver_kick();
-        let earlier = match (s.proto.poll_timeout(), s.driver_deadline) {
-            (Some(t), Some(d)) => t < d,
-            (Some(_), None) => true,
-            _ => false,
+        // The deadline can only have moved later unless the state machine says otherwise
+        // (its randomized tests check that): then the driver task's timer stands.
+        let earlier = if s.proto.take_deadline_moved() {
+            let t = s.proto.poll_timeout();
+            let earlier = earlier_than(t, s.driver_deadline);
+            if earlier {
+                // The driver task is kicked: it looks by then.
+                s.driver_deadline = t;
+            }
+            earlier
+        } else {
+            Self::check_deadline(s);
+            false
         };
         let teardown = s.draining && Self::outstanding(s) == 0;
         if teardown {
             self.drained.notify_one();
         }
         (kicked && (earlier || s.short || s.proto.should_disconnect())) || earlier
+    }
+
+    /// Whether the pump has nothing to do (see [`ConnProto::settled`]): the plain open state,
+    /// with no receive queue shared, no buffers missing, no rendezvous read or memory in play,
+    /// and no teardown or move to the error state under way.
+    fn settled(s: &ConnState) -> bool {
+        let settled = s.srq.is_none()
+            && !s.short
+            && !s.in_error
+            && !s.to_error
+            && !s.draining
+            && s.fetch.is_none()
+            && s.rdv_held.is_empty()
+            && s.proto.settled();
+        if settled {
+            Self::check_deadline(s);
+        }
+        settled
+    }
+
+    /// Debug builds check the deadline flag's promise: a deadline earlier than the one the
+    /// driver task sleeps until is never missed.
+    fn check_deadline(s: &ConnState) {
+        debug_assert!(
+            !earlier_than(s.proto.poll_timeout(), s.driver_deadline),
+            "a deadline moved earlier ({:?} < {:?}) without the state machine saying so",
+            s.proto.poll_timeout(),
+            s.driver_deadline
+        );
     }
 
     /// How often the state may have changed so far (see `changes`).
@@ -371,5 +434,14 @@ impl ConnIo {
 
     pub(crate) fn max_inline(&self) -> usize {
         self.max_inline
+    }
+}
+
+/// Whether deadline `t` comes before `d` (`None`: never).
+fn earlier_than(t: Option<Instant>, d: Option<Instant>) -> bool {
+    match (t, d) {
+        (Some(t), Some(d)) => t < d,
+        (Some(_), None) => true,
+        _ => false,
     }
 }

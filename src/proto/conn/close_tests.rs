@@ -90,6 +90,8 @@ struct End {
     in_error: bool,
     /// The peer tore down: a disconnect event is on its way.
     disconnect_pending: bool,
+    /// The deadline when the shell last took it (see `check_deadline`).
+    deadline: Option<Instant>,
 }
 
 struct Sim {
@@ -143,6 +145,7 @@ impl Sim {
                 torn_down: false,
                 in_error: false,
                 disconnect_pending: false,
+                deadline: None,
             }
         };
         let ends = [end(0), end(1)];
@@ -230,7 +233,7 @@ impl Sim {
         let n = e.proto.recvs_to_post();
         e.rq += n;
         e.proto.recvs_posted(n);
-        while let Some(t) = e.proto.poll_transmit(self.now) {
+        while let Some(t) = e.proto.poll_transmit_checked(self.now) {
             self.wire[i].push_back(Packet { imm: t.imm, len: 0 });
             e.sq.push_back(Sent {
                 control: Some(t.kind),
@@ -390,6 +393,9 @@ impl Sim {
                     }
                 }
             }
+        }
+        for e in &mut self.ends {
+            e.deadline = e.proto.check_deadline(e.deadline);
         }
     }
 

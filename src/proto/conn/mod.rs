@@ -50,6 +50,8 @@ mod recv;
 mod rendezvous;
 mod rx;
 #[cfg(test)]
+mod settle_checks;
+#[cfg(test)]
 mod tests;
 mod types;
 
@@ -123,6 +125,10 @@ pub struct ConnProto<B> {
     rx: rx::RecvState<B>,
     wakers: Vec<Waker>,
     driver_kick: bool,
+    /// The earliest deadline ([`poll_timeout`](ConnProto::poll_timeout)) may have moved
+    /// earlier since the shell last took this flag (see
+    /// [`take_deadline_moved`](ConnProto::take_deadline_moved)).
+    deadline_moved: bool,
     counters: ConnCounters,
 }
 
@@ -166,6 +172,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             // per side, a close): waking them does not grow the list in steady state.
             wakers: Vec::with_capacity(WAKERS_RESERVED),
             driver_kick: false,
+            deadline_moved: true,
             counters: ConnCounters::default(),
         }
     }
@@ -214,6 +221,55 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
 
     fn kick(&mut self) {
         self.driver_kick = true;
+    }
+
+    /// Whether the shell's pump would find nothing to do: no receives to post, no control
+    /// message due ([`poll_transmit`](Self::poll_transmit) would return `None` and change
+    /// nothing), no task to wake, no driver kick, no rendezvous memory to release, and no
+    /// deadline that may have moved earlier. The shell then skips the pump (and its clock
+    /// read): most looks at the state (a receive that finds nothing, a send that hands out a
+    /// chunk) leave it settled. Only the open connection's steady state counts as settled: a
+    /// closing or failed one always pumps.
+    pub fn settled(&self) -> bool {
+        !self.driver_kick
+            && !self.deadline_moved
+            && self.wakers.is_empty()
+            && self.rdv.released.is_empty()
+            && self.recvs_to_post() == 0
+            && self.transmit_idle()
+    }
+
+    /// Whether [`poll_transmit`](Self::poll_transmit) has nothing to do: it would return
+    /// `None` and change no state. A conservative test (the randomized tests check it against
+    /// `poll_transmit`): the connection is open and not failed, and no control message is due
+    /// or blocked.
+    pub fn transmit_idle(&self) -> bool {
+        self.failure.is_none()
+            && self.pending_error.is_none()
+            && !self.local_closed
+            && !self.close_done
+            && !self.rx.peer_closed
+            && !self.pending_abort
+            && !self.keepalive_due
+            && self.ctrl_blocked_since.is_none()
+            && self.rx.rdv.ack_due().is_none()
+            && !self.credits.credit_message_due()
+            && !self.credits.confirm_due()
+            && !self.eos_confirm_due()
+    }
+
+    /// Whether [`poll_timeout`](Self::poll_timeout) may be earlier than it was when this was
+    /// last called; clears the flag. While it returns `false`, the deadline only stayed or
+    /// moved later (the peer was heard, a control message completed), so a shell whose timer
+    /// is set for the deadline it last took need not look again. A closing or failed
+    /// connection always answers `true`.
+    pub fn take_deadline_moved(&mut self) -> bool {
+        let moved = std::mem::take(&mut self.deadline_moved);
+        moved
+            || self.failure.is_some()
+            || self.local_closed
+            || self.close_done
+            || self.rx.peer_closed
     }
 
     fn failed_error(&self) -> Option<Error> {
@@ -445,7 +501,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             MsgKind::Credit
         } else if self.rx.rdv.ack_due().is_some() {
             // Blocked by the window (checked above).
-            self.ctrl_blocked_since.get_or_insert(now);
+            self.note_ctrl_blocked(now);
             return None;
         } else {
             self.ctrl_blocked_since = None;
@@ -458,7 +514,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             // confirm-only credit message (room of its own) from going out.
             if kind != MsgKind::Credit && self.credits.confirm_due() && self.take_control(now, true)
             {
-                self.ctrl_blocked_since.get_or_insert(now);
+                self.note_ctrl_blocked(now);
                 self.counters.credit_messages += 1;
                 let imm = self.header(MsgKind::Credit);
                 self.note_control_out(false);
@@ -467,7 +523,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
                     imm,
                 });
             }
-            self.ctrl_blocked_since.get_or_insert(now);
+            self.note_ctrl_blocked(now);
             return None;
         }
         self.ctrl_blocked_since = None;
@@ -487,10 +543,22 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         Some(Transmit { kind, imm })
     }
 
+    /// A due control message waits for the peer's confirmation: from now on, under the
+    /// keepalive timeout's deadline.
+    fn note_ctrl_blocked(&mut self, now: Instant) {
+        if self.ctrl_blocked_since.is_none() {
+            self.ctrl_blocked_since = Some(now);
+            self.deadline_moved = true;
+        }
+    }
+
     fn take_control(&mut self, now: Instant, confirm_only: bool) -> bool {
         if !self.credits.try_take_control(confirm_only) {
             return false;
         }
+        // In flight from now: under the keepalive timeout's deadline (and a keepalive that
+        // was due goes out, so the next one's time counts again).
+        self.deadline_moved = true;
         self.control_inflight.push_back(now);
         self.counters.sends += 1;
         true
@@ -504,6 +572,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         now: Instant,
     ) {
         self.control_inflight.pop_front();
+        self.deadline_moved = true;
         if let Err(cause) = result {
             self.fail(cause);
             return;
@@ -559,6 +628,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// Time passed: a keepalive may be due, a control message overdue (the peer is gone), or
     /// the close timeout expired (see [`ConnConfig::close_timeout`]).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.deadline_moved = true;
         if self.failure.is_some() {
             let overdue = self
                 .error_report_since()
@@ -639,6 +709,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             return false;
         }
         self.failure = Some(cause);
+        self.deadline_moved = true;
         self.note_failure();
         for m in &mut self.out {
             if let Some(w) = m.waker.take() {

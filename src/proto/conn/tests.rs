@@ -76,6 +76,8 @@ struct Side {
     closed: bool,
     saw_eof: bool,
     rdv: Rdv,
+    /// The deadline when the shell last took it (see `check_deadline`).
+    deadline: Option<Instant>,
 }
 
 struct Sim {
@@ -120,6 +122,7 @@ impl Sim {
             closed: false,
             saw_eof: false,
             rdv: Rdv::default(),
+            deadline: None,
         };
         let mut sides = [side(), side()];
         for s in &mut sides {
@@ -222,7 +225,7 @@ impl Sim {
         }
         s.rq += n;
         s.proto.recvs_posted(n);
-        while let Some(t) = s.proto.poll_transmit(self.now) {
+        while let Some(t) = s.proto.poll_transmit_checked(self.now) {
             self.wire[i].push_back(Packet {
                 imm: t.imm,
                 payload: Vec::new(),
@@ -409,6 +412,7 @@ impl Sim {
         }
         for s in &mut self.sides {
             s.stalled = s.stalled.saturating_sub(1);
+            s.deadline = s.proto.check_deadline(s.deadline);
         }
         self.check();
     }
@@ -504,11 +508,19 @@ fn random_interleavings_deliver_exactly_the_committed_messages() {
         } else {
             credits
         };
+        // Every fifth run without keepalives: then a control message blocked on the window
+        // (not only one in flight) sets the earliest deadline, and the deadline checks see it.
+        let keepalive = if seed % 5 == 4 {
+            None
+        } else {
+            config(credits, chunk).keepalive
+        };
         let mut sim = Sim::new(
             seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xdead_beef,
             ConnConfig {
                 send_initial: initial,
                 recv_initial: initial,
+                keepalive,
                 ..config(credits, chunk)
             },
         );
