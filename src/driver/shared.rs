@@ -28,11 +28,13 @@ use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, QpKey};
 use crate::verbs::{CompletionQueue, WcBatch};
 
-/// How many times a waiting future polls the CQ in place, in busy mode, before it returns
-/// `Pending` (waking itself) so the runtime can run other tasks: a slice of a few microseconds
-/// on hardware (tens under TCG), short enough that a worker shared with other tasks is not held
-/// noticeably longer than by one task's poll, long enough that a completion arriving within
-/// a round trip is seen without a trip through the runtime.
+/// How many times a waiting future polls the CQ in place, in busy and adaptive modes, before
+/// it returns `Pending` (waking itself, or sleeping once adaptive mode's spin budget is spent)
+/// so the runtime can run other tasks: a slice of a few microseconds on hardware (tens under
+/// TCG), short enough that a worker shared with other tasks is not held noticeably longer than
+/// by one task's poll, long enough that a completion arriving within a round trip is seen
+/// without a trip through the runtime. Adaptive mode checks its budget after each slice, so a
+/// wait that ends up sleeping spins at most one slice past it.
 pub(crate) const IN_PLACE_POLLS: u32 = 64;
 
 #[derive(Debug)]
@@ -109,13 +111,18 @@ impl Shared {
     }
 
     /// How many times one poll of a waiting future polls the CQ in place before it spins
-    /// (wakes itself) or sleeps: [`IN_PLACE_POLLS`] in busy mode, none in event mode (see
-    /// [`polls_in_place`](Self::polls_in_place)), once otherwise.
+    /// (wakes itself) or sleeps: [`IN_PLACE_POLLS`] in busy and adaptive modes, none in event
+    /// mode (see [`polls_in_place`](Self::polls_in_place)); with the completion task gone,
+    /// once in event mode. Adaptive mode polled once per poll of the future until
+    /// `msg_lat` 64 B showed the cost: each empty poll then went through the runtime (a
+    /// self-wake and a task poll, several times the poll itself), and adaptive mode's round
+    /// trip was 38-64 µs against busy mode's 23-52 µs in the same VM; with the slice, 21.6-27.4
+    /// µs (docs/benchmarks.md).
     pub(crate) fn in_place_polls(&self) -> u32 {
         match self.mode {
             _ if !self.polls_in_place() => 0,
-            CompletionMode::BusyPoll => IN_PLACE_POLLS,
-            _ => 1,
+            CompletionMode::BusyPoll | CompletionMode::Adaptive { .. } => IN_PLACE_POLLS,
+            CompletionMode::Event => 1,
         }
     }
 
@@ -332,10 +339,13 @@ impl Shared {
     }
 
     /// A future goes to sleep until woken: if it is the first, the completion task (which may
-    /// be leaving the CQ to the futures that poll it in place) must watch it now.
+    /// be leaving the CQ to the futures that poll it in place) must watch it now. Not in event
+    /// mode: there nobody polls in place, and the task never sleeps without the CQ armed and
+    /// drained after the arm, so it already watches (waking it anyway was a task run and an
+    /// empty poll per sleeping wait: per round trip of `msg_lat`, see docs/benchmarks.md).
     pub(crate) fn sleeper_joined(&self) {
         self.sleepers.join();
-        if self.sleepers.count() == 1 {
+        if self.sleepers.count() == 1 && self.polls_in_place() {
             self.notify.notify_one();
         }
     }

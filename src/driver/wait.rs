@@ -54,7 +54,7 @@ impl Waiter {
     }
 
     /// How many times this poll of a queue-pair operation's future polls the CQ in place: 1,
-    /// 4, 16, then the mode's number ([`Shared::in_place_polls`]: 64 in busy mode), over the
+    /// 4, 16, then the mode's number ([`Shared::in_place_polls`]: 64 in busy and adaptive modes), over the
     /// wait's first polls. A future polled beside others in one task must not spin its full
     /// count before they are polled: in `join!(recv, send)`, or after `poll!(&mut recv)` to
     /// post a receive before answering, the send the peer waits for went out only after 64
@@ -179,7 +179,7 @@ mod tests {
         let busy: Vec<u32> = (0..6).map(|r| ramp(r, 64)).collect();
         assert_eq!(busy, [1, 4, 16, 64, 64, 64]);
         assert_eq!(ramp(u8::MAX, 64), 64);
-        // Adaptive polls once per poll, event mode never.
+        // Event mode polls never (once with its completion task gone).
         assert!((0..=u8::MAX).all(|r| ramp(r, 1) == 1 && ramp(r, 0) == 0));
     }
 }
