@@ -64,27 +64,39 @@ pub(crate) fn post(st: &mut State, counters: &Counters, qp: QpKey, wake: &mut De
     st.apply_failures(wake);
 }
 
+/// The work request of a queued item.
+fn wr(p: &PostItem) -> SendWr<'_> {
+    SendWr {
+        wr_id: p.wr_id,
+        op: p.wr.op,
+        sges: p.wr.sges.as_slice(),
+        signaled: p.signaled,
+        inline: p.wr.inline,
+        solicited: p.wr.solicited,
+        fence: false,
+    }
+}
+
 /// Posts `items` in chains of up to [`CHAIN`]; returns the doorbells rung, or the index of
 /// the first request not posted and the errno.
 fn post_sends(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i32)>) {
+    // The SGEs name memory owned by each operation's future (or parked in the table once the
+    // future is dropped) until the core applies its completion or retirement: so it stays
+    // allocated, registered and unused locally until the device is done.
+    if let [one] = items {
+        // A lone request (every latency-bound operation): no chain array to set up.
+        // SAFETY: as above.
+        let r = unsafe { qp.post_send(&[wr(one)]) };
+        return (1, r.map_err(post_error));
+    }
     let mut doorbells = 0;
     for (c, chunk) in items.chunks(CHAIN).enumerate() {
         let mut wrs = [const { SendWr::EMPTY }; CHAIN];
         for (w, p) in wrs.iter_mut().zip(chunk) {
-            *w = SendWr {
-                wr_id: p.wr_id,
-                op: p.wr.op,
-                sges: p.wr.sges.as_slice(),
-                signaled: p.signaled,
-                inline: p.wr.inline,
-                solicited: p.wr.solicited,
-                fence: false,
-            };
+            *w = wr(p);
         }
         doorbells += 1;
-        // The SGEs name memory owned by each operation's future (or parked in the table once the
-        // future is dropped) until the core applies its completion or retirement.
-        // SAFETY: so it stays allocated, registered and unused locally until the device is done.
+        // SAFETY: as above.
         if let Err(e) = unsafe { qp.post_send(&wrs[..chunk.len()]) } {
             let (bad, errno) = post_error(e);
             return (doorbells, Err((c * CHAIN + bad, errno)));
@@ -94,6 +106,12 @@ fn post_sends(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i3
 }
 
 fn post_recvs(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i32)>) {
+    // The receive buffers stay with their futures (or parked) until the receive completes.
+    if let [one] = items {
+        // SAFETY: as above; a lone request needs no chain array.
+        let r = unsafe { qp.post_recv(&[RecvWr::new(one.wr_id, one.wr.sges.as_slice())]) };
+        return (1, r.map_err(post_error));
+    }
     let mut doorbells = 0;
     for (c, chunk) in items.chunks(CHAIN).enumerate() {
         let mut wrs = [const { RecvWr::EMPTY }; CHAIN];
@@ -101,8 +119,7 @@ fn post_recvs(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i3
             *w = RecvWr::new(p.wr_id, p.wr.sges.as_slice());
         }
         doorbells += 1;
-        // SAFETY: as in `post_sends`: the receive buffers stay with their futures (or parked)
-        // until the receive completes.
+        // SAFETY: as above.
         if let Err(e) = unsafe { qp.post_recv(&wrs[..chunk.len()]) } {
             let (bad, errno) = post_error(e);
             return (doorbells, Err((c * CHAIN + bad, errno)));
