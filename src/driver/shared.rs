@@ -339,13 +339,17 @@ impl Shared {
     }
 
     /// A future goes to sleep until woken: if it is the first, the completion task (which may
-    /// be leaving the CQ to the futures that poll it in place) must watch it now. Not in event
-    /// mode: there nobody polls in place, and the task never sleeps without the CQ armed and
-    /// drained after the arm, so it already watches (waking it anyway was a task run and an
-    /// empty poll per sleeping wait: per round trip of `msg_lat`, see docs/benchmarks.md).
+    /// be leaving the CQ to the futures that poll it in place) must watch it now.
+    ///
+    /// In event mode the task always watches (it never sleeps without the CQ armed), and the
+    /// wake-up is a task run and an empty poll per sleeping wait. Skipping it there was tried
+    /// (2026-11-26): one task run per receive instead of two, but on Tokio's multi-thread
+    /// runtime `msg_lat` 64 B event went from 243-376 µs to 490-527 µs (interleaved in one VM,
+    /// 3 rounds): the wake-up runs the completion task on the sleeping future's worker, so
+    /// the CQ event's wake-up later stays on one thread. It stays (docs/benchmarks.md).
     pub(crate) fn sleeper_joined(&self) {
         self.sleepers.join();
-        if self.sleepers.count() == 1 && self.polls_in_place() {
+        if self.sleepers.count() == 1 {
             self.notify.notify_one();
         }
     }
