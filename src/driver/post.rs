@@ -85,7 +85,8 @@ fn post_sends(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i3
     // allocated, registered and unused locally until the device is done.
     if let [one] = items {
         // A lone request (every latency-bound operation): no chain array to set up.
-        // SAFETY: as above.
+        // SAFETY: its SGEs name memory its operation's future (or the table, once the future
+        // is dropped) keeps allocated, registered and untouched until its completion.
         let r = unsafe { qp.post_send(&[wr(one)]) };
         return (1, r.map_err(post_error));
     }
@@ -96,7 +97,8 @@ fn post_sends(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i3
             *w = wr(p);
         }
         doorbells += 1;
-        // SAFETY: as above.
+        // SAFETY: each request's SGEs name memory its future (or the table) keeps allocated,
+        // registered and untouched until its completion.
         if let Err(e) = unsafe { qp.post_send(&wrs[..chunk.len()]) } {
             let (bad, errno) = post_error(e);
             return (doorbells, Err((c * CHAIN + bad, errno)));
@@ -108,7 +110,8 @@ fn post_sends(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i3
 fn post_recvs(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i32)>) {
     // The receive buffers stay with their futures (or parked) until the receive completes.
     if let [one] = items {
-        // SAFETY: as above; a lone request needs no chain array.
+        // SAFETY: the receive buffer stays with its future (or parked in the table) until the
+        // receive completes; a lone request needs no chain array.
         let r = unsafe { qp.post_recv(&[RecvWr::new(one.wr_id, one.wr.sges.as_slice())]) };
         return (1, r.map_err(post_error));
     }
@@ -119,7 +122,8 @@ fn post_recvs(qp: &QueuePair, items: &[PostItem]) -> (u64, Result<(), (usize, i3
             *w = RecvWr::new(p.wr_id, p.wr.sges.as_slice());
         }
         doorbells += 1;
-        // SAFETY: as above.
+        // SAFETY: each receive buffer stays with its future (or parked in the table) until
+        // its receive completes.
         if let Err(e) = unsafe { qp.post_recv(&wrs[..chunk.len()]) } {
             let (bad, errno) = post_error(e);
             return (doorbells, Err((c * CHAIN + bad, errno)));
