@@ -26,7 +26,7 @@ use super::srq::{SharedRecv, SrqShare};
 use crate::buf::{Pool, PoolBuf};
 use crate::driver::Deferred;
 use crate::proto::MsgKind;
-use crate::proto::conn::ConnProto;
+use crate::proto::conn::{ConnProto, earlier};
 use crate::verbs::{QueuePair, SendOp};
 
 mod completion;
@@ -304,7 +304,7 @@ impl ConnIo {
             return r;
         }
         let mut wake = Deferred::default();
-        let kick = self.pump(&mut s, None, &mut wake);
+        let kick = self.pump_unsettled(&mut s, None, &mut wake);
         drop(s);
         wake.run();
         self.drop_retired();
@@ -330,6 +330,11 @@ impl ConnIo {
         if Self::settled(s) {
             return false;
         }
+        self.pump_unsettled(s, now, wake)
+    }
+
+    /// [`pump`](Self::pump) for a caller that found the state not settled.
+    fn pump_unsettled(&self, s: &mut ConnState, now: Option<Instant>, wake: &mut Deferred) -> bool {
         // Each step only if it may have something to do (a completion that woke a receiver
         // has no receive to post and, mostly, no control message to send).
         if s.srq.is_some() || s.short || s.proto.recvs_to_post() > 0 {
@@ -362,14 +367,14 @@ impl ConnIo {
         let kicked = s.proto.take_driver_kick();
         // The deadline can only have moved later unless the state machine says otherwise
         // (its randomized tests check that): then the driver task's timer stands.
-        let earlier = if s.proto.take_deadline_moved() {
+        let sooner = if s.proto.take_deadline_moved() {
             let t = s.proto.poll_timeout();
-            let earlier = earlier_than(t, s.driver_deadline);
-            if earlier {
+            let sooner = earlier(t, s.driver_deadline);
+            if sooner {
                 // The driver task is kicked: it looks by then.
                 s.driver_deadline = t;
             }
-            earlier
+            sooner
         } else {
             Self::check_deadline(s);
             false
@@ -378,7 +383,7 @@ impl ConnIo {
         if teardown {
             self.drained.notify_one();
         }
-        (kicked && (earlier || s.short || s.proto.should_disconnect())) || earlier
+        (kicked && (sooner || s.short || s.proto.should_disconnect())) || sooner
     }
 
     /// Whether the pump has nothing to do (see [`ConnProto::settled`]): the plain open state,
@@ -403,7 +408,7 @@ impl ConnIo {
     /// driver task sleeps until is never missed.
     fn check_deadline(s: &ConnState) {
         debug_assert!(
-            !earlier_than(s.proto.poll_timeout(), s.driver_deadline),
+            !earlier(s.proto.poll_timeout(), s.driver_deadline),
             "a deadline moved earlier ({:?} < {:?}) without the state machine saying so",
             s.proto.poll_timeout(),
             s.driver_deadline
@@ -434,14 +439,5 @@ impl ConnIo {
 
     pub(crate) fn max_inline(&self) -> usize {
         self.max_inline
-    }
-}
-
-/// Whether deadline `t` comes before `d` (`None`: never).
-fn earlier_than(t: Option<Instant>, d: Option<Instant>) -> bool {
-    match (t, d) {
-        (Some(t), Some(d)) => t < d,
-        (Some(_), None) => true,
-        _ => false,
     }
 }

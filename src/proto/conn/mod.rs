@@ -77,6 +77,15 @@ struct OutMsg {
     rdv: bool,
 }
 
+/// Whether deadline `t` comes before deadline `than` (`None`: never).
+pub fn earlier(t: Option<Instant>, than: Option<Instant>) -> bool {
+    match (t, than) {
+        (Some(t), Some(than)) => t < than,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
 /// Wakers a connection has room for before its list grows.
 const WAKERS_RESERVED: usize = 8;
 

@@ -37,13 +37,8 @@ impl<B: AsRef<[u8]> + Debug> ConnProto<B> {
     pub(super) fn check_deadline(&mut self, last: Option<Instant>) -> Option<Instant> {
         let moved = self.take_deadline_moved();
         let now = self.poll_timeout();
-        let earlier = match (now, last) {
-            (Some(t), Some(l)) => t < l,
-            (Some(_), None) => true,
-            _ => false,
-        };
         assert!(
-            moved || !earlier,
+            moved || !super::earlier(now, last),
             "the deadline moved earlier ({last:?} -> {now:?}) without the flag"
         );
         now
