@@ -199,15 +199,25 @@ async fn stream(
     depth: usize,
     samples: &mut Vec<f64>,
 ) -> Res<()> {
-    use futures::StreamExt;
-    let mut sends = futures::stream::iter(0..n)
-        .map(|_| async {
+    if depth <= 1 {
+        // One send at a time: a plain loop, as an application writes it (`buffered(1)` would
+        // add a task allocation and the futures crate's bookkeeping to every message).
+        for _ in 0..n {
             let t = Instant::now();
-            msg.send(conn).await.map(|()| us(t.elapsed()))
-        })
-        .buffered(depth.max(1));
-    while let Some(r) = sends.next().await {
-        samples.push(r?);
+            msg.send(conn).await?;
+            samples.push(us(t.elapsed()));
+        }
+    } else {
+        use futures::StreamExt;
+        let mut sends = futures::stream::iter(0..n)
+            .map(|_| async {
+                let t = Instant::now();
+                msg.send(conn).await.map(|()| us(t.elapsed()))
+            })
+            .buffered(depth);
+        while let Some(r) = sends.next().await {
+            samples.push(r?);
+        }
     }
     let ack = conn.recv().await?.ok_or("the server closed early")?;
     if ack.len() != 1 {

@@ -1,5 +1,6 @@
 //! The measured loops, client and server side of each test.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -8,8 +9,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio_rdma::buf::IoBuf;
-use tokio_rdma::driver::AsyncQp;
-use tokio_rdma::ops::RecvInfo;
 use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
 
 use crate::args::{Test, TestConfig};
@@ -40,13 +39,22 @@ pub fn marker(k: usize) -> u8 {
     (k % 255) as u8 + 1
 }
 
-/// Spins (yielding) until the last byte polled in `buf` at `off` is `want`.
+/// Reads of the polled byte between two yields of [`wait_byte`]: as many as the driver's
+/// in-place CQ polls in busy mode, so the memory wait spins like the CQ waits do (and like
+/// perftest's, which never yields) while still letting the runtime run other tasks.
+const MEMORY_POLLS: u32 = 64;
+
+/// Spins until the last byte polled in `buf` at `off` is `want`: `MEMORY_POLLS` reads in
+/// place, then a yield.
 async fn wait_byte(buf: &RegisteredBuffer, off: usize, want: u8) {
     let mut b = [0u8; 1];
     loop {
-        buf.read_at(off, &mut b);
-        if b[0] == want {
-            return;
+        for _ in 0..MEMORY_POLLS {
+            buf.read_at(off, &mut b);
+            if b[0] == want {
+                return;
+            }
+            std::hint::spin_loop();
         }
         SelfYield(false).await;
     }
@@ -282,12 +290,6 @@ async fn bw_loop(
     Ok(())
 }
 
-type RecvOut = (usize, (tokio_rdma::Result<RecvInfo>, Chunk));
-
-async fn recv_one(q: usize, qp: &AsyncQp, c: Chunk) -> RecvOut {
-    (q, qp.recv(c).await)
-}
-
 /// Server side of one size (after `run SIZE`): prepares, says `ready`, plays its part, waits
 /// for `done`, and answers with its CPU time and driver counters.
 pub async fn server_case(
@@ -357,36 +359,36 @@ pub async fn server_case(
             }
         }
         Test::SendBw => {
-            let mut inflight = FuturesUnordered::new();
+            // A ring of started receives, awaited oldest first (a queue pair completes its
+            // receives in the order they were posted): no allocation or task per receive, as
+            // an application's receive loop would be written.
             let per_qp = total; // warmup and measured sends both arrive here
+            let mut ring = VecDeque::with_capacity(cfg.rx_depth.min(per_qp) * cfg.qps);
             let mut posted = vec![0usize; cfg.qps];
-            let mut need = per_qp * cfg.qps;
             for (q, qp) in side.qps.iter().enumerate() {
                 let n = cfg.rx_depth.min(per_qp);
                 for c in chunks(&side.pd, size, n, SLOT_BYTES / cfg.qps)? {
-                    let mut f = Box::pin(recv_one(q, qp, c));
-                    // Two polls: the first queues the receive, the second posts it (coalesce).
-                    let _ = futures::poll!(&mut f);
-                    let _ = futures::poll!(&mut f);
-                    inflight.push(f);
+                    let mut r = qp.recv(c);
+                    // Posted now, before the client is told to start.
+                    r.start();
+                    ring.push_back((q, r));
                 }
                 posted[q] = n;
             }
-            // Let the queued receives reach the device before the client starts sending.
-            for _ in 0..4 {
-                let _ = futures::poll!(inflight.next());
-            }
             ctrl.send("ready").await?;
+            let mut need = per_qp * cfg.qps;
             while need > 0 {
-                let Some((q, (res, c))) = inflight.next().await else {
+                let Some((q, mut r)) = ring.pop_front() else {
                     break;
                 };
+                let (res, c) = (&mut r).await;
                 res?;
                 need -= 1;
                 if posted[q] < per_qp {
                     posted[q] += 1;
-                    let qp = &side.qps[q];
-                    inflight.push(Box::pin(recv_one(q, qp, c)));
+                    let mut r = side.qps[q].recv(c);
+                    r.start();
+                    ring.push_back((q, r));
                 }
             }
         }
