@@ -62,6 +62,10 @@ pub(crate) struct RawOp<B: Send + 'static> {
     kind: WaitKind,
     /// Post on the first poll even on a coalescing queue pair ([`start`](Self::start)).
     eager: bool,
+    /// Set for the one poll [`start`](Self::start) makes: post, but do not poll the CQ in
+    /// place, spin or sleep (nobody waits yet), nor count a round of the wait's ramp (its
+    /// first real poll should poll once, as any future's first poll does).
+    starting: bool,
 }
 
 impl<B: Send + 'static> RawOp<B> {
@@ -80,6 +84,7 @@ impl<B: Send + 'static> RawOp<B> {
             waiter: Waiter::default(),
             kind,
             eager: false,
+            starting: false,
         }
     }
 
@@ -88,12 +93,16 @@ impl<B: Send + 'static> RawOp<B> {
     pub(crate) fn start(&mut self) {
         if matches!(self.state, RawState::Init { .. }) {
             self.eager = true;
+            self.starting = true;
             let waker = std::task::Waker::noop();
             let mut cx = Context::from_waker(waker);
-            match self.poll_raw(&mut cx) {
+            let polled = self.poll_raw(&mut cx);
+            self.starting = false;
+            match polled {
                 Poll::Ready(out) => self.state = RawState::Ready(out),
-                // Nobody polls it until it is awaited: not a spinner meanwhile.
-                Poll::Pending => self.waiter.leave(&self.cfg.shared),
+                // Posted (or complete, held back by a spent budget); its wait, spinning or
+                // sleeping, begins at its first real poll.
+                Poll::Pending => {}
             }
         }
     }
@@ -106,6 +115,7 @@ impl<B: Send + 'static> RawOp<B> {
             waiter,
             kind,
             eager,
+            starting,
         } = self;
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
@@ -166,7 +176,11 @@ impl<B: Send + 'static> RawOp<B> {
         // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
         // (a runtime round trip per empty poll costs several times the poll itself); the lock
         // is released between polls, so other threads post and poll meanwhile.
-        let polls = waiter.in_place_polls(shared);
+        let polls = if *starting {
+            0
+        } else {
+            waiter.in_place_polls(shared)
+        };
         let mut n = 0;
         while res.is_pending() && n < polls {
             if n > 0 {
@@ -202,6 +216,20 @@ impl<B: Send + 'static> RawOp<B> {
                     Poll::Pending
                 }
             };
+        }
+        if *starting {
+            // Posted, and nobody waits yet: neither a spinner nor a sleeper until the first
+            // real poll. (Joining and leaving the spinners here would hand the CQ to the
+            // completion task, which arms it: a system call and a CQ event per operation
+            // that `start` posts, for nothing.)
+            *state = RawState::InTable {
+                wr_id,
+                buf,
+                flushed: true,
+            };
+            drop(st);
+            wake.run();
+            return Poll::Pending;
         }
         // With the completion task gone (its runtime shut down) nobody would wake a sleeper:
         // keep polling in place until the flush completion arrives.

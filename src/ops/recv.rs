@@ -44,7 +44,10 @@ impl<B: SgTarget> Recv<B> {
     /// Posts the receive now, without waiting for a message: call it before the send (or the
     /// connection step) that lets the peer send, then await the future for the message. An
     /// error posting it is reported when the future is awaited. Calling it again, or after the
-    /// first poll, does nothing.
+    /// first poll, does nothing. It only posts: it polls no completion and does not count as
+    /// a waiting future (the completion mode's spinning or sleeping starts when the future is
+    /// first awaited, as for a receive posted by its first poll), so a started operation costs
+    /// nothing while it waits to be awaited.
     ///
     /// # Examples
     ///
