@@ -2,7 +2,7 @@
 //! state machine's chunks to the queue pair, polling the completion queue in place while it
 //! waits; a large owned message goes by rendezvous. The receive side is `rendezvous.rs`.
 
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use super::connection::Connection;
 use bytes::Bytes;
@@ -225,7 +225,63 @@ impl Connection {
             guard.id = Some(id);
             Ok(id)
         };
+        // Hands out the message's next chunk and posts it, under the lock: the wire order is
+        // the hand-out order. Ready(true) once the last chunk is out.
+        let hand_out = |s: &mut ConnState,
+                        cx: &mut Context<'_>,
+                        guard: &mut SendGuard<'_>,
+                        staging: &mut Option<PoolBuf>,
+                        rdv: &mut Option<RdvSource>|
+         -> Poll<Result<bool>> {
+            let id = queue(s, guard)?;
+            if !io.sq_ready(s, cx.waker()) {
+                return Poll::Pending;
+            }
+            let chunk = match s.proto.poll_chunk(id, cx) {
+                Poll::Ready(Ok(c)) => c,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            if io.post_chunk(s, chunk, src, staging) {
+                if let Some(seq) = chunk.rendezvous {
+                    let r = rdv.take().expect("one descriptor per rendezvous message");
+                    s.sent_bytes.zero_copy += r.len();
+                    s.rdv_held.push((seq, r));
+                }
+                Poll::Ready(Ok(chunk.last))
+            } else {
+                Poll::Ready(Err(Error::QpFailed(
+                    s.proto.failure().cloned().unwrap_or(QpFailure::Flushed),
+                )))
+            }
+        };
         let chunk_size = self.shared.params.max_send_size as usize;
+        if !by_rdv && msg.len() <= chunk_size && !io.needs_staging(&src, msg.len()) {
+            // A one-chunk message that needs no staging buffer mostly goes out at the first
+            // look: tried once before a wait is set up (which then looks again, so nothing
+            // registered here can be missed).
+            let first = std::future::poll_fn(|cx| {
+                let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+                let none = &mut None;
+                match io.with(|s| hand_out(s, cx, &mut guard, none, &mut rdv)) {
+                    Poll::Ready(r) => {
+                        coop.made_progress();
+                        Poll::Ready(Some(r))
+                    }
+                    Poll::Pending => Poll::Ready(None),
+                }
+            })
+            .await;
+            match first {
+                Some(Ok(last)) => {
+                    debug_assert!(last, "a one-chunk message");
+                    guard.id = None;
+                    return Ok(());
+                }
+                Some(Err(e)) => return Err(e),
+                None => {}
+            }
+        }
         let mut wait = Progress::new(self);
         let mut staging: Option<PoolBuf> = None;
         let mut offset = 0usize;
@@ -244,30 +300,7 @@ impl Connection {
                 });
             }
             let last = wait
-                .run(|s, cx| {
-                    let id = queue(s, &mut guard)?;
-                    if !io.sq_ready(s, cx.waker()) {
-                        return Poll::Pending;
-                    }
-                    let chunk = match s.proto.poll_chunk(id, cx) {
-                        Poll::Ready(Ok(c)) => c,
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => return Poll::Pending,
-                    };
-                    // Posted under the lock: the wire order is the hand-out order.
-                    if io.post_chunk(s, chunk, src, &mut staging) {
-                        if let Some(seq) = chunk.rendezvous {
-                            let r = rdv.take().expect("one descriptor per rendezvous message");
-                            s.sent_bytes.zero_copy += r.len();
-                            s.rdv_held.push((seq, r));
-                        }
-                        Poll::Ready(Ok(chunk.last))
-                    } else {
-                        Poll::Ready(Err(Error::QpFailed(
-                            s.proto.failure().cloned().unwrap_or(QpFailure::Flushed),
-                        )))
-                    }
-                })
+                .run(|s, cx| hand_out(s, cx, &mut guard, &mut staging, &mut rdv))
                 .await?;
             offset += len;
             if last {

@@ -24,8 +24,10 @@ impl Connection {
 pub(crate) struct Progress<'a> {
     conn: &'a Connection,
     waiter: Waiter,
-    /// What the in-place polls leave to run after the driver's lock: set up once per wait.
-    wake: Deferred,
+    /// What the in-place polls leave to run after the driver's lock: set up once per wait,
+    /// at its first in-place poll (a wait that finds its answer at the first look, as a
+    /// small message's send mostly does, sets up and drops none).
+    wake: Option<Deferred>,
 }
 
 impl<'a> Progress<'a> {
@@ -35,7 +37,7 @@ impl<'a> Progress<'a> {
         Progress {
             conn,
             waiter,
-            wake: Deferred::default(),
+            wake: None,
         }
     }
 
@@ -71,7 +73,8 @@ impl<'a> Progress<'a> {
                     if n > 1 {
                         std::hint::spin_loop();
                     }
-                    conn.qp.poll_completions_into(&mut self.wake);
+                    conn.qp
+                        .poll_completions_into(self.wake.get_or_insert_with(Deferred::default));
                 }
                 if seen == Some(io.changes()) {
                     continue;

@@ -46,8 +46,9 @@ enum Next {
     Local(Option<Delivery<PoolBuf>>),
     /// A rendezvous message to read.
     Remote(RemoteMsg),
-    /// A rendezvous message read and taken.
-    Fetched(Fetch),
+    /// A rendezvous message read and taken (boxed: every receive moves a `Next` around, and
+    /// a small message's should not move a whole `Fetch`).
+    Fetched(Box<Fetch>),
 }
 
 fn too_big(len: u64, cap: usize) -> Error {
@@ -100,7 +101,7 @@ impl Connection {
                 }
                 let f = s.fetch.take().expect("checked");
                 s.proto.fetch_taken();
-                return Poll::Ready(Ok(Next::Fetched(f)));
+                return Poll::Ready(Ok(Next::Fetched(Box::new(f))));
             }
             if let Some(d) = s.proto.peek_recv() {
                 if let Some(cap) = fits.filter(|&c| d.len() > c) {

@@ -56,7 +56,7 @@ impl Sink for ConnIo {
         let now = Instant::now();
         let ok = cqe.status == WcStatus::Success;
         let mut s = self.lock();
-        self.changes.fetch_add(1, Ordering::Release);
+        self.bump_changes(&s);
         let was_failed = s.proto.failure().is_some();
         if local & (SEND_BIT | SRQ_BIT) == SRQ_BIT {
             self.shared_received(&mut s, local, cqe, qp_failure, now);
@@ -147,7 +147,7 @@ impl Sink for ConnIo {
         let mut wake = Deferred::default();
         {
             let mut s = self.lock();
-            self.changes.fetch_add(1, Ordering::Release);
+            self.bump_changes(&s);
             s.proto.fail(QpFailure::DriverStopped);
             Self::wake_sq(&mut s, &mut wake);
             self.pump(&mut s, None, &mut wake);

@@ -295,7 +295,7 @@ impl ConnIo {
     /// wakes the tasks it woke (outside the lock), and kicks the driver task if needed.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut ConnState) -> R) -> R {
         let mut s = self.lock();
-        self.changes.fetch_add(1, Ordering::Release);
+        self.bump_changes(&s);
         let r = f(&mut s);
         if Self::settled(&s) {
             // Nothing to post, wake or kick (most looks): no `Deferred` to set up either.
@@ -413,6 +413,13 @@ impl ConnIo {
             s.proto.poll_timeout(),
             s.driver_deadline
         );
+    }
+
+    /// Counts a change of the state; the caller holds the lock (`_s`), so no other thread
+    /// writes `changes` meanwhile: a load and a store, no atomic read-modify-write.
+    pub(crate) fn bump_changes(&self, _s: &ConnState) {
+        let n = self.changes.load(Ordering::Relaxed);
+        self.changes.store(n.wrapping_add(1), Ordering::Release);
     }
 
     /// How often the state may have changed so far (see `changes`).
