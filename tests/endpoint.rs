@@ -82,6 +82,54 @@ async fn endpoints_with_different_modes_coexist_on_one_device() {
     );
 }
 
+/// In event mode on a current-thread runtime a receive that goes to sleep costs its endpoint's
+/// completion task one run: the CQ event that brings the message. Nobody polls the CQ in place
+/// in event mode and the task never sleeps without the CQ armed, so a sleeping wait has
+/// nothing to hand it; waking it anyway (as a sleeping wait does in the other modes, where the
+/// task may be leaving the CQ to spinning futures, and on a multi-thread runtime, where the
+/// wake-up keeps the task on the sleeper's worker) was a second task run, and an empty poll,
+/// per round trip. Counted, not timed: the server's receive is asleep before each message
+/// (the client sends 1 ms later).
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn in_event_mode_a_sleeping_receive_costs_one_completion_task_run() {
+    let server_ep = open(CompletionMode::Event);
+    let client_ep = open(CompletionMode::Event);
+    let listener = server_ep.listen(addr(7323)).await.expect("listen");
+    let (client, server) = tokio::join!(
+        client_ep.connect(addr(7323), ConnectOptions::default()),
+        listener.accept()
+    );
+    let (client, server) = (client.expect("connect"), server.expect("accept"));
+    const ROUNDS: u64 = 200;
+    let before = server_ep.stats();
+    for i in 0..ROUNDS {
+        let msg = i.to_be_bytes();
+        let send_later = async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            client.send(&msg).await
+        };
+        let (got, sent) = tokio::join!(server.recv(), send_later);
+        sent.unwrap();
+        assert_eq!(&got.unwrap().expect("message")[..], &msg);
+    }
+    let after = server_ep.stats();
+    let runs = after.task_wakeups - before.task_wakeups;
+    let events = after.cq_events - before.cq_events;
+    println!(
+        "{ROUNDS} sleeping receives: {runs} completion task runs, {events} CQ events ({:.2} runs per receive)",
+        runs as f64 / ROUNDS as f64
+    );
+    // One run per event (a message's completion), and a few for what else completes (the
+    // server's credit returns): well under the two per receive of a task woken by each sleep.
+    assert!(events >= ROUNDS, "every message raised an event: {after:?}");
+    assert!(
+        runs * 4 < ROUNDS * 6,
+        "{runs} task runs for {ROUNDS} sleeping receives: the sleeps woke the task ({after:?})"
+    );
+    client.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "current_thread")]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
 async fn options_that_cannot_apply_are_refused() {

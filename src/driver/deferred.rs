@@ -109,8 +109,11 @@ impl Deferred {
 
     /// Moves what `out` collected (wakers, released payloads) in here.
     pub(crate) fn take_from(&mut self, out: &mut Completed<Payload>) {
-        for w in out.wakers.drain(..) {
-            self.push(w);
+        // Each list only if it holds something (most calls move nothing).
+        if !out.wakers.is_empty() {
+            for w in out.wakers.drain(..) {
+                self.push(w);
+            }
         }
         if !out.released.is_empty() {
             self.released.append(&mut out.released);

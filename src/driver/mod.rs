@@ -95,7 +95,9 @@ impl Driver {
         let channel = CompletionChannel::new(ctx)?;
         let cq = CompletionQueue::new(ctx, opts.cq_size, Some(&channel))?;
         cq.set_driven();
-        let shared = Arc::new(Shared::new(cq, opts.mode, opts.poll_batch));
+        let one_thread = tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::CurrentThread;
+        let shared = Arc::new(Shared::new(cq, opts.mode, opts.poll_batch, one_thread));
         let alive = Arc::new(());
         let token = alive.clone();
         let task = completion::run(shared.clone());

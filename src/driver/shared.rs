@@ -42,6 +42,9 @@ pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
     pub(crate) cq: CompletionQueue,
     pub(crate) mode: CompletionMode,
+    /// The completion task runs on a current-thread runtime (see
+    /// [`sleeper_joined`](Self::sleeper_joined)).
+    pub(crate) one_thread: bool,
     /// Futures polling the CQ themselves right now: while there are any, the completion task
     /// leaves the CQ unarmed (they see every completion first).
     pub(crate) spinners: Spinners,
@@ -72,7 +75,12 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(cq: CompletionQueue, mode: CompletionMode, batch: usize) -> Shared {
+    pub(crate) fn new(
+        cq: CompletionQueue,
+        mode: CompletionMode,
+        batch: usize,
+        one_thread: bool,
+    ) -> Shared {
         Shared {
             state: Mutex::new(State {
                 core: Core::new(),
@@ -85,6 +93,7 @@ impl Shared {
             }),
             cq,
             mode,
+            one_thread,
             spinners: Spinners::default(),
             sleepers: Spinners::default(),
             latency: Latency::default(),
@@ -175,7 +184,7 @@ impl Shared {
                 .get(key.index())
                 .and_then(Option::as_ref)
                 .filter(|e| e.key == key)
-                .and_then(|e| e.sink.clone());
+                .and_then(|e| e.sink.as_ref());
             if sink.is_none() && on_srq {
                 // Its queue pair is gone (or never was ours): the buffer goes back.
                 match srq_sink.as_ref() {
@@ -188,10 +197,9 @@ impl Shared {
             }
             match sink {
                 Some(sink) => {
-                    let failure = core.failure(key).cloned();
-                    if let Some(cause) =
-                        sink.on_completion(cqe.wr_id as u32, &cqe, failure.as_ref(), wake)
-                    {
+                    let failed =
+                        sink.on_completion(cqe.wr_id as u32, &cqe, core.failure(key), wake);
+                    if let Some(cause) = failed {
                         core.fail_qp(key, cause, out);
                     }
                 }
@@ -341,15 +349,16 @@ impl Shared {
     /// A future goes to sleep until woken: if it is the first, the completion task (which may
     /// be leaving the CQ to the futures that poll it in place) must watch it now.
     ///
-    /// In event mode the task always watches (it never sleeps without the CQ armed), and the
-    /// wake-up is a task run and an empty poll per sleeping wait. Skipping it there was tried
-    /// (2026-11-26): one task run per receive instead of two, but on Tokio's multi-thread
-    /// runtime `msg_lat` 64 B event went from 243-376 µs to 490-527 µs (interleaved in one VM,
-    /// 3 rounds): the wake-up runs the completion task on the sleeping future's worker, so
-    /// the CQ event's wake-up later stays on one thread. It stays (docs/benchmarks.md).
+    /// In event mode the task always watches (it never sleeps without the CQ armed): the
+    /// wake-up is then a task run and an empty poll per sleeping wait, for nothing on a
+    /// current-thread runtime, where it is skipped (`one_thread`). On Tokio's multi-thread
+    /// runtime it stays: skipping it there too (tried 2026-11-26) took `msg_lat` 64 B event
+    /// from 243-376 µs to 490-527 µs (interleaved in one VM, 3 rounds), because the wake-up
+    /// runs the completion task on the sleeping future's worker, so the CQ event's wake-up
+    /// later stays on one thread (docs/benchmarks.md).
     pub(crate) fn sleeper_joined(&self) {
         self.sleepers.join();
-        if self.sleepers.count() == 1 {
+        if self.sleepers.count() == 1 && (self.polls_in_place() || !self.one_thread) {
             self.notify.notify_one();
         }
     }
