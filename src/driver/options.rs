@@ -22,9 +22,15 @@ pub enum CompletionMode {
     /// completion latency (at least a few microseconds, at most `max_spin`), then sleep as in
     /// `Event`; when the average exceeds `max_spin` (a slow peer), sleep at once.
     Adaptive {
-        /// The longest a future spins before sleeping (default 500 µs: spinning pays while a
+        /// The longest a future spins before sleeping (default 2 ms: spinning pays while a
         /// wait is shorter than an event's wake-up, which on soft-RoCE under emulation costs
-        /// some 150 µs; on hardware the averages, and so the spins, are far shorter).
+        /// 300-1,000 µs for a round trip whose two sides sleep; on hardware the averages, and
+        /// so the spins, are far shorter). A cap below the wake-up cost traps a ping-pong in
+        /// sleeping: each side's slept waits include its wake-up, keep its average above the
+        /// cap, and it sleeps at once; with 500 µs, `msg_lat` 64 B ran at 220-370 µs median
+        /// half round trip in about half the runs (20 µs in the others), with 2 ms at 19-21
+        /// µs in all (docs/benchmarks.md). Lower it where CPU matters more than latency for
+        /// waits between the average and the cap.
         max_spin: Duration,
     },
 }
@@ -32,7 +38,7 @@ pub enum CompletionMode {
 impl Default for CompletionMode {
     fn default() -> Self {
         CompletionMode::Adaptive {
-            max_spin: Duration::from_micros(500),
+            max_spin: Duration::from_millis(2),
         }
     }
 }
