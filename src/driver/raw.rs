@@ -60,12 +60,12 @@ pub(crate) struct RawOp<B: Send + 'static> {
     state: RawState<B>,
     waiter: Waiter,
     kind: WaitKind,
-    /// Post on the first poll even on a coalescing queue pair ([`start`](Self::start)).
+    /// Post on the first poll even on a coalescing queue pair ([`start`](Self::start)). Only
+    /// `start` sets it, and only before its own (first) poll: a first poll with it set is
+    /// `start`'s, which posts but does not poll the CQ in place, spin or sleep (nobody waits
+    /// yet), nor count a round of the wait's ramp (the first real poll polls once, as any
+    /// future's first poll does).
     eager: bool,
-    /// Set for the one poll [`start`](Self::start) makes: post, but do not poll the CQ in
-    /// place, spin or sleep (nobody waits yet), nor count a round of the wait's ramp (its
-    /// first real poll should poll once, as any future's first poll does).
-    starting: bool,
 }
 
 impl<B: Send + 'static> RawOp<B> {
@@ -84,7 +84,6 @@ impl<B: Send + 'static> RawOp<B> {
             waiter: Waiter::default(),
             kind,
             eager: false,
-            starting: false,
         }
     }
 
@@ -93,12 +92,9 @@ impl<B: Send + 'static> RawOp<B> {
     pub(crate) fn start(&mut self) {
         if matches!(self.state, RawState::Init { .. }) {
             self.eager = true;
-            self.starting = true;
             let waker = std::task::Waker::noop();
             let mut cx = Context::from_waker(waker);
-            let polled = self.poll_raw(&mut cx);
-            self.starting = false;
-            match polled {
+            match self.poll_raw(&mut cx) {
                 Poll::Ready(out) => self.state = RawState::Ready(out),
                 // Posted (or complete, held back by a spent budget); its wait, spinning or
                 // sleeping, begins at its first real poll.
@@ -115,12 +111,13 @@ impl<B: Send + 'static> RawOp<B> {
             waiter,
             kind,
             eager,
-            starting,
         } = self;
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
         // The lock taken to post is kept for the first look at the result.
         let mut posted_under = None;
+        // This is `start`'s poll (see `eager`): post only.
+        let mut starting = false;
         let (wr_id, buf, flushed) = match std::mem::replace(state, RawState::Done) {
             RawState::Done => panic!("operation future polled after completion"),
             RawState::Invalid { buf, err } => return Poll::Ready((Err(err), buf)),
@@ -159,6 +156,7 @@ impl<B: Send + 'static> RawOp<B> {
                 post::post(&mut st, &shared.counters, cfg.qp, &mut wake);
                 wake.take_from(&mut st.out);
                 posted_under = Some(st);
+                starting = *eager;
                 (wr_id, buf, true)
             }
             RawState::InTable {
@@ -176,7 +174,7 @@ impl<B: Send + 'static> RawOp<B> {
         // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
         // (a runtime round trip per empty poll costs several times the poll itself); the lock
         // is released between polls, so other threads post and poll meanwhile.
-        let polls = if *starting {
+        let polls = if starting {
             0
         } else {
             waiter.in_place_polls(shared)
@@ -217,7 +215,7 @@ impl<B: Send + 'static> RawOp<B> {
                 }
             };
         }
-        if *starting {
+        if starting {
             // Posted, and nobody waits yet: neither a spinner nor a sleeper until the first
             // real poll. (Joining and leaving the spinners here would hand the CQ to the
             // completion task, which arms it: a system call and a CQ event per operation
