@@ -9,7 +9,7 @@ use super::counters::Counters;
 use super::deferred::Deferred;
 use super::state::State;
 use crate::error::Error;
-use crate::proto::{PostItem, QpKey, Queue};
+use crate::proto::{PostItem, QpKey, Queue, WorkRequest};
 use crate::verbs::{QueuePair, RecvWr, SendWr};
 
 /// Requests chained per doorbell (a longer batch rings several; built on the stack, as the
@@ -24,15 +24,15 @@ pub(crate) fn post(st: &mut State, counters: &Counters, qp: QpKey, wake: &mut De
     posts.clear();
     st.core.take_postable(qp, &mut posts);
     if !posts.is_empty() {
-        let handle = st.entry(qp).expect("registered").qp.clone();
+        let handle = &st.entry(qp).expect("registered").qp;
         let recv_end = posts
             .iter()
             .take_while(|p| p.wr.queue == Queue::Recv)
             .count();
         let (recvs, sends) = posts.split_at(recv_end);
-        let (rdb, r) = post_recvs(&handle, recvs);
+        let (rdb, r) = post_recvs(handle, recvs);
         let (sdb, s) = if r.is_ok() {
-            post_sends(&handle, sends)
+            post_sends(handle, sends)
         } else {
             (0, Ok(()))
         };
@@ -45,15 +45,8 @@ pub(crate) fn post(st: &mut State, counters: &Counters, qp: QpKey, wake: &mut De
             // Everything from the first request that did not reach the device on (the error
             // path may allocate).
             let ids: Vec<u64> = posts[first_bad..].iter().map(|p| p.wr_id).collect();
-            st.core.post_failed(qp, &ids, errno, &mut st.out);
-            if st.core.has_posted_sends(qp) {
-                // Sends posted before the failure may have executed unsignaled: move the QP to
-                // ERR, then post a signaled drain marker whose flush retires all of them (both
-                // after the lock is released; the marker counts as posted from now on, so the
-                // key stays until its flush).
-                let wr_id = st.core.drain_marker(qp);
-                wake.move_to_error(&handle, Some(wr_id));
-            }
+            let handle = handle.clone();
+            not_posted(st, qp, &handle, &ids, errno, wake);
         }
         counters
             .posted
@@ -64,17 +57,75 @@ pub(crate) fn post(st: &mut State, counters: &Counters, qp: QpKey, wake: &mut De
     st.apply_failures(wake);
 }
 
-/// The work request of a queued item.
-fn wr(p: &PostItem) -> SendWr<'_> {
+/// Posts one request the core accepted with
+/// [`Core::submit_posted`](crate::proto::Core::submit_posted), straight from the future that
+/// holds it (the driver's fast path: one doorbell, nothing copied into the core or a list).
+/// A failed post fails the queue pair, as in [`post`].
+pub(crate) fn post_one(
+    st: &mut State,
+    counters: &Counters,
+    qp: QpKey,
+    wr_id: u64,
+    req: &WorkRequest,
+    signaled: bool,
+    wake: &mut Deferred,
+) {
+    let handle = &st.entry(qp).expect("registered").qp;
+    let r = match req.queue {
+        // SAFETY: the receive buffer stays with its future (or, once the future is dropped,
+        // parked in the table) until the receive completes.
+        Queue::Recv => unsafe { handle.post_recv(&[RecvWr::new(wr_id, req.sges.as_slice())]) },
+        // SAFETY: its SGEs name memory its operation's future (or the table, once the future
+        // is dropped) keeps allocated, registered and untouched until its completion.
+        Queue::Send => unsafe { handle.post_send(&[send_wr(wr_id, req, signaled)]) },
+    };
+    counters.posted.fetch_add(1, Ordering::Relaxed);
+    counters.doorbells.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = r {
+        let (_, errno) = post_error(e);
+        let handle = handle.clone();
+        not_posted(st, qp, &handle, &[wr_id], errno, wake);
+        st.apply_failures(wake);
+    }
+}
+
+/// Requests `ids` of `qp` never reached the device (the post failed with `errno`): they fail,
+/// and so does the queue pair.
+fn not_posted(
+    st: &mut State,
+    qp: QpKey,
+    handle: &QueuePair,
+    ids: &[u64],
+    errno: i32,
+    wake: &mut Deferred,
+) {
+    st.core.post_failed(qp, ids, errno, &mut st.out);
+    if st.core.has_posted_sends(qp) {
+        // Sends posted before the failure may have executed unsignaled: move the QP to ERR,
+        // then post a signaled drain marker whose flush retires all of them (both after the
+        // lock is released; the marker counts as posted from now on, so the key stays until
+        // its flush).
+        let wr_id = st.core.drain_marker(qp);
+        wake.move_to_error(handle, Some(wr_id));
+    }
+}
+
+/// The work request to post for `req`.
+fn send_wr(wr_id: u64, req: &WorkRequest, signaled: bool) -> SendWr<'_> {
     SendWr {
-        wr_id: p.wr_id,
-        op: p.wr.op,
-        sges: p.wr.sges.as_slice(),
-        signaled: p.signaled,
-        inline: p.wr.inline,
-        solicited: p.wr.solicited,
+        wr_id,
+        op: req.op,
+        sges: req.sges.as_slice(),
+        signaled,
+        inline: req.inline,
+        solicited: req.solicited,
         fence: false,
     }
+}
+
+/// The work request of a queued item.
+fn wr(p: &PostItem) -> SendWr<'_> {
+    send_wr(p.wr_id, &p.wr, p.signaled)
 }
 
 /// Posts `items` in chains of up to [`CHAIN`]; returns the doorbells rung, or the index of

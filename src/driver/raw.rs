@@ -118,52 +118,82 @@ impl<B: Send + 'static> RawOp<B> {
         let mut posted_under = None;
         // This is `start`'s poll (see `eager`): post only.
         let mut starting = false;
-        let (wr_id, buf, flushed) = match std::mem::replace(state, RawState::Done) {
-            RawState::Done => panic!("operation future polled after completion"),
-            RawState::Invalid { buf, err } => return Poll::Ready((Err(err), buf)),
-            RawState::Ready(out) => {
-                // Complete, held back by a spent budget (below): hand it out on a fresh one.
-                return match tokio::task::coop::poll_proceed(cx) {
-                    Poll::Ready(coop) => {
-                        coop.made_progress();
-                        Poll::Ready(out)
+        // A posted operation's state stays where it is (only its outcome moves it out); the
+        // others move out once.
+        let (wr_id, flushed) = match state {
+            RawState::InTable { wr_id, flushed, .. } => (*wr_id, std::mem::replace(flushed, true)),
+            _ => match std::mem::replace(state, RawState::Done) {
+                RawState::Done => panic!("operation future polled after completion"),
+                RawState::Invalid { buf, err } => return Poll::Ready((Err(err), buf)),
+                RawState::Ready(out) => {
+                    // Complete, held back by a spent budget (below): hand it out on a fresh one.
+                    return match tokio::task::coop::poll_proceed(cx) {
+                        Poll::Ready(coop) => {
+                            coop.made_progress();
+                            Poll::Ready(out)
+                        }
+                        Poll::Pending => {
+                            *state = RawState::Ready(out);
+                            Poll::Pending
+                        }
+                    };
+                }
+                RawState::Init { buf, wr } => {
+                    let mut st = shared.lock();
+                    waiter.start(shared);
+                    // Posted by this poll (a coalescing queue pair waits for its siblings).
+                    let now = !cfg.coalesce || *eager;
+                    // The fast path: nothing queued before it and room in its queue, so it is
+                    // posted from here, the request never copied into the core.
+                    let direct = if now {
+                        match st.core.submit_posted(cfg.qp, wr.queue) {
+                            Ok(d) => d,
+                            Err(err) => return Poll::Ready((Err(err), buf)),
+                        }
+                    } else {
+                        None
+                    };
+                    let wr_id = match direct {
+                        Some((wr_id, signaled)) => {
+                            let counters = &shared.counters;
+                            post::post_one(
+                                &mut st, counters, cfg.qp, wr_id, &wr, signaled, &mut wake,
+                            );
+                            wr_id
+                        }
+                        None => match st.core.submit_unparked(cfg.qp, wr) {
+                            Ok(sub) => sub.wr_id,
+                            Err(err) => return Poll::Ready((Err(err), buf)),
+                        },
+                    };
+                    if !now {
+                        // Yield once so that siblings started in this wake queue up too; the next
+                        // poll posts them all with one doorbell.
+                        *state = RawState::InTable {
+                            wr_id,
+                            buf,
+                            flushed: false,
+                        };
+                        drop(st);
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
                     }
-                    Poll::Pending => {
-                        *state = RawState::Ready(out);
-                        Poll::Pending
+                    if direct.is_none() {
+                        // Queued behind others, or the queue is full: post what fits, in order.
+                        post::post(&mut st, &shared.counters, cfg.qp, &mut wake);
                     }
-                };
-            }
-            RawState::Init { buf, wr } => {
-                let mut st = shared.lock();
-                let wr_id = match st.core.submit_unparked(cfg.qp, wr) {
-                    Ok(sub) => sub.wr_id,
-                    Err(err) => return Poll::Ready((Err(err), buf)),
-                };
-                waiter.start(shared);
-                if cfg.coalesce && !*eager {
-                    // Yield once so that siblings started in this wake queue up too; the next
-                    // poll posts them all with one doorbell.
+                    wake.take_from(&mut st.out);
+                    posted_under = Some(st);
+                    starting = *eager;
                     *state = RawState::InTable {
                         wr_id,
                         buf,
-                        flushed: false,
+                        flushed: true,
                     };
-                    drop(st);
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
+                    (wr_id, true)
                 }
-                post::post(&mut st, &shared.counters, cfg.qp, &mut wake);
-                wake.take_from(&mut st.out);
-                posted_under = Some(st);
-                starting = *eager;
-                (wr_id, buf, true)
-            }
-            RawState::InTable {
-                wr_id,
-                buf,
-                flushed,
-            } => (wr_id, buf, flushed),
+                RawState::InTable { .. } => unreachable!("matched above"),
+            },
         };
         let mut st = posted_under.unwrap_or_else(|| shared.lock());
         if !flushed {
@@ -199,6 +229,9 @@ impl<B: Send + 'static> RawOp<B> {
             drop(st);
             wake.run();
             waiter.done(shared, *kind);
+            let RawState::InTable { buf, .. } = std::mem::replace(state, RawState::Done) else {
+                unreachable!("a posted operation is in the table");
+            };
             // Tokio's cooperative budget, as its own I/O types: a loop of operations that
             // always complete within their in-place polls still yields to the runtime's other
             // tasks once the task's budget is spent. Checked only for the result, never
@@ -220,11 +253,6 @@ impl<B: Send + 'static> RawOp<B> {
             // real poll. (Joining and leaving the spinners here would hand the CQ to the
             // completion task, which arms it: a system call and a CQ event per operation
             // that `start` posts, for nothing.)
-            *state = RawState::InTable {
-                wr_id,
-                buf,
-                flushed: true,
-            };
             drop(st);
             wake.run();
             return Poll::Pending;
@@ -238,11 +266,6 @@ impl<B: Send + 'static> RawOp<B> {
             let registered = st.core.poll_result(wr_id, Some(cx));
             debug_assert!(registered.is_pending());
         }
-        *state = RawState::InTable {
-            wr_id,
-            buf,
-            flushed: true,
-        };
         drop(st);
         wake.run();
         if spin {
@@ -263,6 +286,11 @@ impl<B: Send + 'static> Drop for RawOp<B> {
         } = self;
         let shared: &Shared = &cfg.shared;
         waiter.leave(shared);
+        if !matches!(state, RawState::InTable { .. }) {
+            // Resolved, or never posted: nothing of it is in the table (and the state is not
+            // moved out just to be dropped).
+            return;
+        }
         if let RawState::InTable { wr_id, buf, .. } = std::mem::replace(state, RawState::Done) {
             let mut buf = Some(buf);
             shared.lock().core.cancel_with(wr_id, || {

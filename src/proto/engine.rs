@@ -216,16 +216,61 @@ impl<P> Core<P> {
         let wr_id = self.table.insert(Entry {
             qp,
             queue,
-            lifecycle: Lifecycle::Queued(wr),
+            lifecycle: Lifecycle::Queued,
             waker: None,
             payload,
         });
         let slot = self.slot(qp);
         match queue {
-            Queue::Send => slot.sq_pending.push_back(wr_id),
-            Queue::Recv => slot.rq_pending.push_back(wr_id),
+            Queue::Send => slot.sq_pending.push_back((wr_id, wr)),
+            Queue::Recv => slot.rq_pending.push_back((wr_id, wr)),
         }
         Submitted { wr_id }
+    }
+
+    /// Submits a request the caller posts right away, itself, while still holding the core's
+    /// lock (the driver's fast path: the request is never copied into the core), if it can go
+    /// now: no queued request of its queue waits before it, none of the other queue waits
+    /// with room to go (they would have gone in its batch), and its queue has room. Returns
+    /// its `wr_id` and whether to signal it (a lone send is the last of its batch: always);
+    /// `Ok(None)` if it must queue ([`submit_unparked`](Self::submit_unparked)). If posting
+    /// fails, report it with [`post_failed`](Self::post_failed) as for a queued request.
+    ///
+    /// # Errors
+    ///
+    /// As [`submit_unparked`](Self::submit_unparked).
+    pub fn submit_posted(&mut self, qp: QpKey, queue: Queue) -> Result<Option<(u64, bool)>, Error> {
+        self.check_submit(qp)?;
+        let slot = self.slot(qp);
+        let room = match queue {
+            Queue::Send => slot.sq_space(),
+            Queue::Recv => slot.rq_space(),
+        };
+        // Queued requests with room (of either queue) go first, in one batch with it; with
+        // no room it queues (behind any queued before it).
+        if room == 0 || slot.has_postable() {
+            return Ok(None);
+        }
+        let wr_id = self.table.insert(Entry {
+            qp,
+            queue,
+            lifecycle: Lifecycle::Submitted,
+            waker: None,
+            payload: None,
+        });
+        let slot = self.slot(qp);
+        let signaled = match queue {
+            Queue::Send => {
+                let signaled = slot.next_signaled(true);
+                slot.sq_ring.push_back(wr_id);
+                signaled
+            }
+            Queue::Recv => {
+                slot.rq_posted += 1;
+                true
+            }
+        };
+        Ok(Some((wr_id, signaled)))
     }
 
     /// Whether `qp` has queued requests that fit in its queues now.
@@ -251,9 +296,9 @@ impl<P> Core<P> {
         }
         let n = slot.rq_space().min(slot.rq_pending.len());
         for _ in 0..n {
-            let wr_id = slot.rq_pending.pop_front().expect("counted");
+            let (wr_id, wr) = slot.rq_pending.pop_front().expect("counted");
             slot.rq_posted += 1;
-            let wr = take_request(table, wr_id);
+            mark_posted(table, wr_id);
             out.push(PostItem {
                 wr_id,
                 wr,
@@ -262,10 +307,10 @@ impl<P> Core<P> {
         }
         let n = slot.sq_space().min(slot.sq_pending.len());
         for i in 0..n {
-            let wr_id = slot.sq_pending.pop_front().expect("counted");
+            let (wr_id, wr) = slot.sq_pending.pop_front().expect("counted");
             let signaled = slot.next_signaled(i + 1 == n);
             slot.sq_ring.push_back(wr_id);
-            let wr = take_request(table, wr_id);
+            mark_posted(table, wr_id);
             out.push(PostItem {
                 wr_id,
                 wr,
@@ -343,14 +388,14 @@ impl<P> Core<P> {
     pub fn cancel(&mut self, wr_id: u64) -> Option<P> {
         let entry = self.table.get_mut(wr_id)?;
         match entry.lifecycle {
-            Lifecycle::Queued(_) => {
+            Lifecycle::Queued => {
                 let (qp, queue) = (entry.qp, entry.queue);
                 let slot = self.slot(qp);
                 let list = match queue {
                     Queue::Send => &mut slot.sq_pending,
                     Queue::Recv => &mut slot.rq_pending,
                 };
-                if let Some(pos) = list.iter().position(|&id| id == wr_id) {
+                if let Some(pos) = list.iter().position(|&(id, _)| id == wr_id) {
                     list.remove(pos);
                 }
                 self.table.remove(wr_id).and_then(|e| e.payload)
@@ -465,6 +510,7 @@ impl<P> Core<P> {
             .sq_pending
             .drain(..)
             .chain(slot.rq_pending.drain(..))
+            .map(|(id, _)| id)
             .collect();
         for id in queued {
             self.finish(id, Err(Error::QpFailed(failure.clone())), out);
@@ -572,7 +618,7 @@ impl<P> Core<P> {
                 }
             }
             Lifecycle::Completed(_) => {}
-            Lifecycle::Queued(_) | Lifecycle::Submitted => {
+            Lifecycle::Queued | Lifecycle::Submitted => {
                 entry.lifecycle = Lifecycle::Completed(outcome);
                 if let Some(w) = entry.waker.take() {
                     out.wakers.push(w);
@@ -582,12 +628,14 @@ impl<P> Core<P> {
     }
 }
 
-fn take_request<P>(table: &mut OpTable<P>, wr_id: u64) -> WorkRequest {
+fn mark_posted<P>(table: &mut OpTable<P>, wr_id: u64) {
     let entry = table
         .get_mut(wr_id)
         .expect("queued request is in the table");
-    match std::mem::replace(&mut entry.lifecycle, Lifecycle::Submitted) {
-        Lifecycle::Queued(wr) => wr,
-        other => unreachable!("queued list held a request in state {other:?}"),
-    }
+    assert!(
+        matches!(entry.lifecycle, Lifecycle::Queued),
+        "queued list held a request in state {:?}",
+        entry.lifecycle
+    );
+    entry.lifecycle = Lifecycle::Submitted;
 }

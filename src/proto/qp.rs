@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use super::wr::WorkRequest;
 use crate::error::QpFailure;
 
 /// Queue sizes and signaling policy of a queue pair.
@@ -33,10 +34,11 @@ pub(crate) struct QpSlot {
     pub(crate) cfg: QpConfig,
     /// Posted send-queue requests in post order (signaled and unsignaled), oldest first.
     pub(crate) sq_ring: VecDeque<u64>,
-    /// Send requests waiting for queue space.
-    pub(crate) sq_pending: VecDeque<u64>,
+    /// Send requests waiting for queue space, with their requests (the table's entries say
+    /// only `Queued`: the request moves once, from here to the device).
+    pub(crate) sq_pending: VecDeque<(u64, WorkRequest)>,
     /// Receive requests waiting for queue space.
-    pub(crate) rq_pending: VecDeque<u64>,
+    pub(crate) rq_pending: VecDeque<(u64, WorkRequest)>,
     /// Posted receives not yet completed.
     pub(crate) rq_posted: u32,
     /// Unsignaled sends posted since the last signaled one.

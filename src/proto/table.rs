@@ -7,14 +7,15 @@
 use std::task::Waker;
 
 use super::key::QpKey;
-use super::wr::{OpInfo, Queue, WorkRequest};
+use super::wr::{OpInfo, Queue};
 use crate::error::Error;
 
 /// Where an operation is in its life.
 #[derive(Debug)]
 pub(crate) enum Lifecycle {
-    /// Submitted to the core, waiting for queue space to be posted.
-    Queued(WorkRequest),
+    /// Submitted to the core, waiting for queue space to be posted (the request itself waits
+    /// in its queue pair's pending list).
+    Queued,
     /// Posted to the device; the future may be waiting (its waker is in the entry).
     Submitted,
     /// The outcome is known and waits for the future to collect it.

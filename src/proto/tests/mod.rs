@@ -182,6 +182,7 @@ pub(super) fn policy(ring_before: usize, depth: usize, k: usize, n: usize) -> Ve
 }
 
 mod basic;
+mod direct;
 mod failures;
 mod storm;
 pub(crate) mod storm_model;
