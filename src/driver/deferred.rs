@@ -3,6 +3,7 @@
 //! released (wakers, released payloads, sinks' `after_unlock`, moves to the error state).
 
 use std::any::Any;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::task::Waker;
 
@@ -48,17 +49,24 @@ pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
 /// waits for the kernel's queue-pair lock, while every future of the CQ waits for ours.
 ///
 /// Holds up to 32 wakers without allocating; more spill to the heap.
+///
+/// One is set up per look at the CQ or the table (every poll of an operation's future), and
+/// most stay empty: an untouched one costs neither a run nor its lists' drops (the lists sit
+/// in `ManuallyDrop` and are dropped only once something was put in them; an empty list never
+/// put to use holds no memory, so skipping its drop loses nothing).
 #[derive(Debug, Default)]
 pub(crate) struct Deferred {
+    /// Something was put in (since creation): only then is there anything to run or drop.
+    touched: bool,
     /// Inline up to 32 (uninitialised until pushed: creating and dropping an empty one costs
     /// nothing per slot), then on the heap.
-    wakers: SmallVec<[Waker; 32]>,
-    released: Vec<Payload>,
+    wakers: ManuallyDrop<SmallVec<[Waker; 32]>>,
+    released: ManuallyDrop<Vec<Payload>>,
     /// Inline up to 4 (a poll rarely applies completions of more queue pairs whose owners
     /// have memory to release): no allocation on the data path.
-    sinks: SmallVec<[Arc<dyn Sink>; 4]>,
+    sinks: ManuallyDrop<SmallVec<[Arc<dyn Sink>; 4]>>,
     /// Failed queue pairs to move to ERR, each once, in the order they failed.
-    to_error: Vec<ToError>,
+    to_error: ManuallyDrop<Vec<ToError>>,
 }
 
 /// A failed queue pair to move to the error state after the lock is released, so the device
@@ -79,11 +87,13 @@ struct ToError {
 
 impl Deferred {
     pub(crate) fn push(&mut self, w: Waker) {
+        self.touched = true;
         self.wakers.push(w);
     }
 
     /// Calls `sink`'s [`after_unlock`](Sink::after_unlock) once the lock is released.
     pub(crate) fn after_unlock(&mut self, sink: Arc<dyn Sink>) {
+        self.touched = true;
         if !self.sinks.iter().any(|s| Arc::ptr_eq(s, &sink)) {
             self.sinks.push(sink);
         }
@@ -92,6 +102,7 @@ impl Deferred {
     /// Moves `qp` to the error state once the lock is released (once, however often it is
     /// asked), then posts the drain marker `marker` if given.
     pub(crate) fn move_to_error(&mut self, qp: &QueuePair, marker: Option<u64>) {
+        self.touched = true;
         match self.to_error.iter_mut().find(|t| t.qp.qpn() == qp.qpn()) {
             Some(t) => t.marker = t.marker.or(marker),
             None => self.to_error.push(ToError {
@@ -111,19 +122,25 @@ impl Deferred {
     pub(crate) fn take_from(&mut self, out: &mut Completed<Payload>) {
         // Each list only if it holds something (most calls move nothing).
         if !out.wakers.is_empty() {
+            self.touched = true;
             for w in out.wakers.drain(..) {
                 self.push(w);
             }
         }
         if !out.released.is_empty() {
+            self.touched = true;
             self.released.append(&mut out.released);
         }
     }
 
     /// Moves queue pairs to ERR, wakes and drops. Call without the lock.
     pub(crate) fn run(&mut self) {
-        // Each list is looked at only if it holds something: most runs have nothing to do,
-        // and a drain's setup and drop cost instructions on every poll.
+        if !self.touched {
+            // Nothing was ever put in (most polls).
+            return;
+        }
+        // Each list is looked at only if it holds something: a drain's setup and drop cost
+        // instructions.
         if !self.to_error.is_empty() {
             // First, so the flushes are under way before anyone woken below waits for them.
             for t in self.to_error.drain(..) {
@@ -166,6 +183,60 @@ impl ToError {
 
 impl Drop for Deferred {
     fn drop(&mut self) {
+        if !self.touched {
+            // Every list is empty and was never put to use: no memory to free.
+            return;
+        }
         self.run();
+        // Their memory, if they spilled to the heap (each taken out, leaving an empty list
+        // that holds none, and dropped).
+        drop(std::mem::take(&mut *self.wakers));
+        drop(std::mem::take(&mut *self.released));
+        drop(std::mem::take(&mut *self.sinks));
+        drop(std::mem::take(&mut *self.to_error));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    use super::Deferred;
+
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn dropping_wakes_what_was_put_in_also_past_the_inline_room() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        for n in [0, 1, 32, 33, 100] {
+            count.0.store(0, Ordering::SeqCst);
+            let mut d = Deferred::default();
+            for _ in 0..n {
+                d.push(count.clone().into());
+            }
+            drop(d);
+            assert_eq!(count.0.load(Ordering::SeqCst), n, "{n} wakers");
+            // Each waker's clone of the counter was released (woken by value).
+            assert_eq!(Arc::strong_count(&count), 1, "{n} wakers");
+        }
+        // Run, then reused and dropped: each waker woken once.
+        let mut d = Deferred::default();
+        count.0.store(0, Ordering::SeqCst);
+        for _ in 0..40 {
+            d.push(count.clone().into());
+        }
+        d.run();
+        d.push(count.clone().into());
+        drop(d);
+        assert_eq!(count.0.load(Ordering::SeqCst), 41);
+        assert_eq!(Arc::strong_count(&count), 1);
     }
 }

@@ -40,12 +40,12 @@ impl<B: SgTarget> Read<B> {
         let wr = target_list(&mut buf, cfg.caps.max_send_sge).and_then(|sges| {
             len = sges.total_len();
             let remote_addr = remote.check(0, len)?;
-            Ok(WorkRequest::send(
+            Ok(WorkRequest::send_list(
                 SendOp::Read {
                     remote_addr,
                     rkey: remote.rkey(),
                 },
-                sges.as_slice(),
+                sges,
             ))
         });
         Read {

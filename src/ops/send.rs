@@ -40,7 +40,7 @@ impl<B: SgSource> Send<B> {
                 None => SendOp::Send,
             };
             let total = sges.total_len();
-            let mut wr = WorkRequest::send(op, sges.as_slice());
+            let mut wr = WorkRequest::send_list(op, sges);
             wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
             wr
         });

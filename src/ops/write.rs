@@ -49,7 +49,7 @@ impl<B: SgSource> Write<B> {
                 },
                 None => SendOp::Write { remote_addr, rkey },
             };
-            let mut wr = WorkRequest::send(op, sges.as_slice());
+            let mut wr = WorkRequest::send_list(op, sges);
             wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
             Ok(wr)
         });

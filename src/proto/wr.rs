@@ -114,6 +114,28 @@ impl WorkRequest {
         }
     }
 
+    /// A send-queue request that takes `sges` as it is (no copy of the list).
+    pub fn send_list(op: SendOp, sges: SgList) -> WorkRequest {
+        WorkRequest {
+            queue: Queue::Send,
+            op,
+            sges,
+            inline: false,
+            solicited: false,
+        }
+    }
+
+    /// A receive request that takes `sges` as it is.
+    pub fn recv_list(sges: SgList) -> WorkRequest {
+        WorkRequest {
+            queue: Queue::Recv,
+            op: SendOp::Send,
+            sges,
+            inline: false,
+            solicited: false,
+        }
+    }
+
     /// A receive request.
     pub fn recv(sges: &[Sge]) -> WorkRequest {
         WorkRequest {
