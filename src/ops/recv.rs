@@ -34,8 +34,7 @@ pub struct Recv<B: SgTarget> {
 
 impl<B: SgTarget> Recv<B> {
     pub(crate) fn new(cfg: &OpConfig, mut buf: B) -> Recv<B> {
-        let wr = target_list(&mut buf, cfg.caps.max_recv_sge)
-            .map(WorkRequest::recv_list);
+        let wr = target_list(&mut buf, cfg.caps.max_recv_sge).map(WorkRequest::recv_list);
         Recv {
             raw: RawOp::new(cfg, buf, wr),
         }
