@@ -8,7 +8,9 @@
 //!    payload (the buffers): ownership moves into the table, so dropping or forgetting the
 //!    future can never free memory the device may still touch;
 //! 2. the driver [`take_postable`](Core::take_postable)s queued requests (bounded by the queue
-//!    depth, with the signaling policy applied) and posts them as one chained list;
+//!    depth, with the signaling policy applied) and posts them as one chained list; a request
+//!    that can go at once (nothing queued ahead of it, room in its queue) is entered as posted
+//!    with [`submit_posted`](Core::submit_posted) and posted by its future directly;
 //! 3. the completion task hands each completion to [`complete`](Core::complete), which retires
 //!    the operation (and any earlier unsignaled ones), records failures, and collects wakers;
 //! 4. the future [`poll_op`](Core::poll_op)s its result and gets its payload back, or, if it was
