@@ -6,6 +6,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio_rdma::buf::IoBuf;
 use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
 
@@ -241,54 +243,8 @@ async fn async_client(
     Ok(ops)
 }
 
-/// One bandwidth operation of a client's ring (the test decides which).
-enum BwOp {
-    Write(tokio_rdma::ops::Write<Chunk>),
-    Read(tokio_rdma::ops::Read<Chunk>),
-    Send(tokio_rdma::ops::Send<Chunk>),
-}
-
-impl BwOp {
-    fn new(side: &Side, test: Test, q: usize, size: usize, c: Chunk) -> BwOp {
-        let qp = &side.qps[q];
-        let remote = || {
-            side.remote[q]
-                .slice(0..size as u64)
-                .expect("token covers the size")
-        };
-        let mut op = match test {
-            Test::WriteBw => BwOp::Write(qp.write(c, remote())),
-            Test::ReadBw => BwOp::Read(qp.read(c, remote())),
-            _ => BwOp::Send(qp.send(c)),
-        };
-        // Posted now, awaited in order later (as perftest posts ahead of its polls).
-        match &mut op {
-            BwOp::Write(f) => f.start(),
-            BwOp::Read(f) => f.start(),
-            BwOp::Send(f) => f.start(),
-        }
-        op
-    }
-}
-
-impl Future for BwOp {
-    type Output = (tokio_rdma::Result<()>, Chunk);
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            BwOp::Write(f) => Pin::new(f).poll(cx),
-            BwOp::Read(f) => Pin::new(f).poll(cx),
-            BwOp::Send(f) => Pin::new(f).poll(cx),
-        }
-    }
-}
-
 /// Keeps `cfg.depth` operations in flight on every queue pair until each has done `iters`;
 /// pushes each operation's post-to-completion time (us) into `samples`.
-///
-/// Each queue pair has a ring of started operations (posted at once, no task or allocation
-/// per operation), awaited oldest first: a queue pair's send queue completes in order, and
-/// awaiting the oldest polls the CQ, which completes the others it finds. Each completed slot
-/// is refilled at once. With several queue pairs the rings are served round robin.
 async fn bw_loop(
     side: &Side,
     cfg: &TestConfig,
@@ -296,31 +252,41 @@ async fn bw_loop(
     iters: usize,
     samples: &mut Vec<f64>,
 ) -> Res<()> {
-    let mut rings: Vec<VecDeque<(Instant, BwOp)>> = Vec::with_capacity(cfg.qps);
+    let mut inflight = FuturesUnordered::new();
     let mut left = vec![iters; cfg.qps];
+    let start = |q: usize, c: Chunk| {
+        let qp = &side.qps[q];
+        let remote = side.remote[q];
+        let test = cfg.test;
+        async move {
+            let t = Instant::now();
+            let (res, c) = match test {
+                Test::WriteBw => {
+                    let r = remote.slice(0..size as u64).expect("token covers the size");
+                    qp.write(c, r).await
+                }
+                Test::ReadBw => {
+                    let r = remote.slice(0..size as u64).expect("token covers the size");
+                    qp.read(c, r).await
+                }
+                _ => qp.send(c).await,
+            };
+            (q, t.elapsed(), res, c)
+        }
+    };
     for (q, left) in left.iter_mut().enumerate() {
         let n = cfg.depth.min(*left);
-        let mut ring = VecDeque::with_capacity(n);
         for c in chunks(&side.pd, size, n, SLOT_BYTES / cfg.qps)? {
-            ring.push_back((Instant::now(), BwOp::new(side, cfg.test, q, size, c)));
+            inflight.push(start(q, c));
         }
         *left -= n;
-        rings.push(ring);
     }
-    while rings.iter().any(|r| !r.is_empty()) {
-        for (q, ring) in rings.iter_mut().enumerate() {
-            let Some((t, op)) = ring.front_mut() else {
-                continue;
-            };
-            let (res, c) = op.await;
-            let took = t.elapsed();
-            ring.pop_front();
-            res?;
-            samples.push(us(took));
-            if left[q] > 0 {
-                left[q] -= 1;
-                ring.push_back((Instant::now(), BwOp::new(side, cfg.test, q, size, c)));
-            }
+    while let Some((q, took, res, c)) = inflight.next().await {
+        res?;
+        samples.push(us(took));
+        if left[q] > 0 {
+            left[q] -= 1;
+            inflight.push(start(q, c));
         }
     }
     Ok(())
