@@ -122,7 +122,6 @@ impl Deferred {
     pub(crate) fn take_from(&mut self, out: &mut Completed<Payload>) {
         // Each list only if it holds something (most calls move nothing).
         if !out.wakers.is_empty() {
-            self.touched = true;
             for w in out.wakers.drain(..) {
                 self.push(w);
             }

@@ -16,14 +16,15 @@
 //!   [`INLINE_SGES`](crate::proto::INLINE_SGES) entries) sits in the future or its table slot,
 //!   work requests are built on the stack, wakers are collected in a fixed array.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 use std::task::{Context, Poll};
 
 use super::deferred::{Deferred, Payload};
 use super::latency::WaitKind;
 use super::post;
 use super::shared::Shared;
+use super::state::State;
 use super::wait::Waiter;
 use crate::error::{Error, Result};
 use crate::proto::{OpInfo, QpKey, WorkRequest};
@@ -122,78 +123,57 @@ impl<B: Send + 'static> RawOp<B> {
         // others move out once.
         let (wr_id, flushed) = match state {
             RawState::InTable { wr_id, flushed, .. } => (*wr_id, std::mem::replace(flushed, true)),
-            _ => match std::mem::replace(state, RawState::Done) {
-                RawState::Done => panic!("operation future polled after completion"),
-                RawState::Invalid { buf, err } => return Poll::Ready((Err(err), buf)),
-                RawState::Ready(out) => {
-                    // Complete, held back by a spent budget (below): hand it out on a fresh one.
-                    return match tokio::task::coop::poll_proceed(cx) {
-                        Poll::Ready(coop) => {
-                            coop.made_progress();
-                            Poll::Ready(out)
-                        }
-                        Poll::Pending => {
-                            *state = RawState::Ready(out);
-                            Poll::Pending
-                        }
-                    };
-                }
-                RawState::Init { buf, wr } => {
-                    let mut st = shared.lock();
-                    waiter.start(shared);
-                    // Posted by this poll (a coalescing queue pair waits for its siblings).
-                    let now = !cfg.coalesce || *eager;
-                    // The fast path: nothing queued before it and room in its queue, so it is
-                    // posted from here, the request never copied into the core.
-                    let direct = if now {
-                        match st.core.submit_posted(cfg.qp, wr.queue) {
-                            Ok(d) => d,
-                            Err(err) => return Poll::Ready((Err(err), buf)),
-                        }
-                    } else {
-                        None
-                    };
-                    let wr_id = match direct {
-                        Some((wr_id, signaled)) => {
-                            let counters = &shared.counters;
-                            post::post_one(
-                                &mut st, counters, cfg.qp, wr_id, &wr, signaled, &mut wake,
-                            );
-                            wr_id
-                        }
-                        None => match st.core.submit_unparked(cfg.qp, wr) {
-                            Ok(sub) => sub.wr_id,
-                            Err(err) => return Poll::Ready((Err(err), buf)),
-                        },
-                    };
-                    if !now {
-                        // Yield once so that siblings started in this wake queue up too; the next
-                        // poll posts them all with one doorbell.
+            RawState::Init { .. } => {
+                let RawState::Init { buf, wr } = std::mem::replace(state, RawState::Done) else {
+                    unreachable!("matched above");
+                };
+                match submit(cfg, waiter, *eager, wr, &mut wake) {
+                    Err(err) => return Poll::Ready((Err(err), buf)),
+                    Ok((wr_id, None)) => {
+                        // Queued on a coalescing queue pair: yield once so that siblings
+                        // started in this wake queue up too; the next poll posts them all with
+                        // one doorbell.
                         *state = RawState::InTable {
                             wr_id,
                             buf,
                             flushed: false,
                         };
-                        drop(st);
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
-                    if direct.is_none() {
-                        // Queued behind others, or the queue is full: post what fits, in order.
-                        post::post(&mut st, &shared.counters, cfg.qp, &mut wake);
+                    Ok((wr_id, Some(st))) => {
+                        posted_under = Some(st);
+                        starting = *eager;
+                        *state = RawState::InTable {
+                            wr_id,
+                            buf,
+                            flushed: true,
+                        };
+                        (wr_id, true)
                     }
-                    wake.take_from(&mut st.out);
-                    posted_under = Some(st);
-                    starting = *eager;
-                    *state = RawState::InTable {
-                        wr_id,
-                        buf,
-                        flushed: true,
-                    };
-                    (wr_id, true)
                 }
-                RawState::InTable { .. } => unreachable!("matched above"),
-            },
+            }
+            RawState::Ready(_) => {
+                // Complete, held back by a spent budget (below): hand it out on a fresh one.
+                return match tokio::task::coop::poll_proceed(cx) {
+                    Poll::Ready(coop) => {
+                        coop.made_progress();
+                        let RawState::Ready(out) = std::mem::replace(state, RawState::Done) else {
+                            unreachable!("matched above");
+                        };
+                        Poll::Ready(out)
+                    }
+                    Poll::Pending => Poll::Pending,
+                };
+            }
+            RawState::Invalid { .. } => {
+                let RawState::Invalid { buf, err } = std::mem::replace(state, RawState::Done)
+                else {
+                    unreachable!("matched above");
+                };
+                return Poll::Ready((Err(err), buf));
+            }
+            RawState::Done => panic!("operation future polled after completion"),
         };
         let mut st = posted_under.unwrap_or_else(|| shared.lock());
         if !flushed {
@@ -273,6 +253,56 @@ impl<B: Send + 'static> RawOp<B> {
         }
         Poll::Pending
     }
+}
+
+/// The first poll of a request: submits it under the driver's lock and posts it, straight
+/// from `wr` when it can go now (`Core::submit_posted`: nothing queued ahead of it, room in its
+/// queue), else queued behind the others and posted with what fits. On a coalescing queue pair
+/// (unless `start` posts it: `eager`) it only queues, and the next poll posts it with its
+/// siblings: `Ok((wr_id, None))`. Posted: the lock, kept for the first look at the result.
+///
+/// # Errors
+///
+/// The queue pair failed (its cause) or is gone: nothing was submitted.
+fn submit<'s>(
+    cfg: &'s OpConfig,
+    waiter: &mut Waiter,
+    eager: bool,
+    wr: WorkRequest,
+    wake: &mut Deferred,
+) -> Result<(u64, Option<MutexGuard<'s, State>>)> {
+    let shared: &Shared = &cfg.shared;
+    let mut st = shared.lock();
+    waiter.start(shared);
+    let now = !cfg.coalesce || eager;
+    let direct = if now {
+        st.core.submit_posted(cfg.qp, wr.queue)?
+    } else {
+        None
+    };
+    let wr_id = match direct {
+        Some((wr_id, signaled)) => {
+            post::post_one(
+                &mut st,
+                &shared.counters,
+                cfg.qp,
+                wr_id,
+                &wr,
+                signaled,
+                wake,
+            );
+            wr_id
+        }
+        None => st.core.submit_unparked(cfg.qp, wr)?.wr_id,
+    };
+    if !now {
+        return Ok((wr_id, None));
+    }
+    if direct.is_none() {
+        post::post(&mut st, &shared.counters, cfg.qp, wake);
+    }
+    wake.take_from(&mut st.out);
+    Ok((wr_id, Some(st)))
 }
 
 // The buffers are never pinned: their memory is stable (the `IoBuf` contract) and the handles
