@@ -240,8 +240,16 @@ impl<P> Core<P> {
     ///
     /// As [`submit_unparked`](Self::submit_unparked).
     pub fn submit_posted(&mut self, qp: QpKey, queue: Queue) -> Result<Option<(u64, bool)>, Error> {
-        self.check_submit(qp)?;
-        let slot = self.slot(qp);
+        // One look at the queue pair's slot (checks, room, accounting), beside the table.
+        let i = qp.index();
+        let Core { table, qps, gens } = self;
+        let slot = match qps.get_mut(i).and_then(Option::as_mut) {
+            Some(slot) if gens.get(i) == Some(&qp.generation()) => slot,
+            _ => return Err(Error::QpFailed(QpFailure::Closed)),
+        };
+        if let Some(f) = &slot.failure {
+            return Err(Error::QpFailed(f.clone()));
+        }
         let room = match queue {
             Queue::Send => slot.sq_space(),
             Queue::Recv => slot.rq_space(),
@@ -251,14 +259,13 @@ impl<P> Core<P> {
         if room == 0 || slot.has_postable() {
             return Ok(None);
         }
-        let wr_id = self.table.insert(Entry {
+        let wr_id = table.insert(Entry {
             qp,
             queue,
             lifecycle: Lifecycle::Submitted,
             waker: None,
             payload: None,
         });
-        let slot = self.slot(qp);
         let signaled = match queue {
             Queue::Send => {
                 let signaled = slot.next_signaled(true);
