@@ -16,8 +16,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
 use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
+use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
+use tokio::time::Sleep;
 use tracing::{debug, error, trace, warn};
 
 use super::deferred::Deferred;
@@ -89,6 +94,10 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let mut fresh = false;
     // Busy mode: rounds this task has polled the CQ in a row and found nothing.
     let mut idle_rounds = 0u32;
+    // The one timer of the waits that need one, made at the first (a runtime without a time
+    // driver never gets here with a timer due: only spinning futures and closing queue pairs
+    // ask for one) and reset, not remade, by the next.
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
     loop {
         shared.counters.task_wakeups.fetch_add(1, Ordering::Relaxed);
         let others_polled = spun_at != Some(shared.counters.polls.load(Ordering::Relaxed));
@@ -158,69 +167,127 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 continue;
             }
         }
-        tokio::select! {
-            ready = afd.readable() => match ready {
-                Ok(mut guard) => {
-                    let mut events = 0u64;
-                    loop {
-                        match shared.cq.get_event_driven() {
-                            Ok(true) => events += 1,
-                            Ok(false) => {
-                                guard.clear_ready();
-                                break;
-                            }
-                            Err(e) => {
-                                warn!(error = %e, "reading a CQ event failed");
-                                guard.clear_ready();
-                                break;
-                            }
+        // The timers this round needs (none in event mode): the earlier of the stale-spinner
+        // check and the closing check.
+        let timeout = match (watched_by_others, shared.closing.load(Ordering::Acquire)) {
+            (true, _) => Some(STALE_SPIN_CHECK),
+            (false, true) => Some(CLOSING_CHECK),
+            (false, false) => None,
+        };
+        if let Some(d) = timeout {
+            let at = tokio::time::Instant::now() + d;
+            match timer.as_mut() {
+                Some(t) => t.as_mut().reset(at),
+                None => timer = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+        }
+        match wait(&afd, &shared, timer.as_mut().filter(|_| timeout.is_some())).await {
+            Woken::Readable(mut guard) => {
+                let mut events = 0u64;
+                loop {
+                    match shared.cq.get_event_driven() {
+                        Ok(true) => events += 1,
+                        Ok(false) => {
+                            guard.clear_ready();
+                            break;
                         }
-                    }
-                    shared.counters.cq_events.fetch_add(events, Ordering::Relaxed);
-                    if events > 0 {
-                        // The event consumed the arm.
-                        armed = false;
-                        if shared.mode == CompletionMode::Event && !shared.spinners.any() {
-                            // Re-arm before draining (as perftest does): a completion after
-                            // the arm raises the next event, one found by this drain was
-                            // there before it; one poll per event instead of three.
-                            match shared.cq.req_notify_driven(false) {
-                                Ok(()) => {
-                                    shared.counters.arms.fetch_add(1, Ordering::Relaxed);
-                                    armed = true;
-                                }
-                                Err(e) => warn!(error = %e, "re-arming the completion queue failed"),
-                            }
+                        Err(e) => {
+                            warn!(error = %e, "reading a CQ event failed");
+                            guard.clear_ready();
+                            break;
                         }
-                        fresh = true;
-                        if shared.drain(&mut reaped, &mut wake) == 0 {
-                            // An event with no completions: normal (the arm/poll race, or a
-                            // spinning future got there first), not an error.
-                            shared.counters.empty_events.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            seen(1, &mut watched);
-                        }
-                    }
-                    if shared.cq.unacked_events() >= ACK_BATCH {
-                        shared.cq.ack_events();
                     }
                 }
-                Err(e) => {
-                    error!(error = %e, "completion channel readiness failed");
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                shared
+                    .counters
+                    .cq_events
+                    .fetch_add(events, Ordering::Relaxed);
+                if events > 0 {
+                    // The event consumed the arm.
+                    armed = false;
+                    if shared.mode == CompletionMode::Event && !shared.spinners.any() {
+                        // Re-arm before draining (as perftest does): a completion after the
+                        // arm raises the next event, one found by this drain was there before
+                        // it; one poll per event instead of three.
+                        match shared.cq.req_notify_driven(false) {
+                            Ok(()) => {
+                                shared.counters.arms.fetch_add(1, Ordering::Relaxed);
+                                armed = true;
+                            }
+                            Err(e) => warn!(error = %e, "re-arming the completion queue failed"),
+                        }
+                    }
+                    fresh = true;
+                    if shared.drain(&mut reaped, &mut wake) == 0 {
+                        // An event with no completions: normal (the arm/poll race, or a
+                        // spinning future got there first), not an error.
+                        shared.counters.empty_events.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        seen(1, &mut watched);
+                    }
                 }
-            },
-            () = shared.notify.notified() => trace!("completion task notified"),
-            // `select!` builds the future of a disabled branch too: an async block creates
-            // its timer (a clock read and a timer-wheel entry) only when polled, so a loop
-            // round that needs neither timer (every round in event mode) reads no clock.
-            () = async { tokio::time::sleep(STALE_SPIN_CHECK).await }, if watched_by_others => {}
-            // A closing queue pair may be waiting for a bound to pass (see `LAST_WQE_WAIT`).
-            () = async { tokio::time::sleep(CLOSING_CHECK).await }, if shared.closing.load(Ordering::Acquire) => {}
+                if shared.cq.unacked_events() >= ACK_BATCH {
+                    shared.cq.ack_events();
+                }
+            }
+            Woken::Failed(e) => {
+                error!(error = %e, "completion channel readiness failed");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Woken::Kicked => trace!("completion task notified"),
+            // A closing queue pair may be waiting for a bound to pass (see `LAST_WQE_WAIT`),
+            // or the futures that spin may have stopped polling: the loop looks.
+            Woken::Timer => {}
         }
     }
     shared.cq.ack_events();
     debug!("completion task stopped");
+}
+
+/// What ended a wait of the completion task.
+enum Woken<'a> {
+    /// The completion channel's descriptor is readable: CQ events to read.
+    Readable(AsyncFdReadyGuard<'a, ChannelFd>),
+    /// Readiness failed.
+    Failed(std::io::Error),
+    /// [`Shared::notify`] was kicked (shutdown, a closing queue pair, the last spinner leaving,
+    /// a future going to sleep, ...).
+    Kicked,
+    /// The round's timer fired.
+    Timer,
+}
+
+/// Waits for the first of: a kick, the channel's readiness, `timer`. One hand-written future
+/// that registers the task's waker with each source (the kick's slot, the descriptor's reader
+/// slot, the timer) and keeps nothing on a waiter list: nothing to set up or tear down per
+/// round, as `select!` over `Notify::notified()` and `AsyncFd::readable()` did (a list entry
+/// joined and left under a lock, for each of the two, per CQ event).
+///
+/// # Cancel safety
+///
+/// Only awaited to completion by `run`: a kick is consumed only by the ready poll that
+/// returns it, and readiness stays set until its guard clears it.
+fn wait<'a>(
+    afd: &'a AsyncFd<ChannelFd>,
+    shared: &'a Shared,
+    mut timer: Option<&'a mut Pin<Box<Sleep>>>,
+) -> impl Future<Output = Woken<'a>> + 'a {
+    std::future::poll_fn(move |cx| {
+        if shared.notify.poll_kicked(cx).is_ready() {
+            return Poll::Ready(Woken::Kicked);
+        }
+        match afd.poll_read_ready(cx) {
+            Poll::Ready(Ok(guard)) => return Poll::Ready(Woken::Readable(guard)),
+            Poll::Ready(Err(e)) => return Poll::Ready(Woken::Failed(e)),
+            Poll::Pending => {}
+        }
+        if let Some(t) = timer.as_mut() {
+            if t.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::Timer);
+            }
+        }
+        Poll::Pending
+    })
 }
 
 /// Yields to the scheduler once by waking itself (no I/O-driver poll, unlike

@@ -24,6 +24,7 @@ mod completion;
 mod counters;
 mod deferred;
 mod events;
+mod kick;
 mod latency;
 mod offload;
 mod options;

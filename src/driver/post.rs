@@ -1,11 +1,9 @@
 //! Posting the table's queued requests: one chained list per queue (one doorbell), work
 //! requests built on the stack, no allocation.
 
-use std::sync::atomic::Ordering;
-
 use tracing::warn;
 
-use super::counters::Counters;
+use super::counters::{Counters, add_held};
 use super::deferred::Deferred;
 use super::state::State;
 use crate::error::Error;
@@ -48,10 +46,8 @@ pub(crate) fn post(st: &mut State, counters: &Counters, qp: QpKey, wake: &mut De
             let handle = handle.clone();
             not_posted(st, qp, &handle, &ids, errno, wake);
         }
-        counters
-            .posted
-            .fetch_add(posts.len() as u64, Ordering::Relaxed);
-        counters.doorbells.fetch_add(rdb + sdb, Ordering::Relaxed);
+        add_held(&counters.posted, posts.len() as u64, st);
+        add_held(&counters.doorbells, rdb + sdb, st);
     }
     st.posts = posts;
     st.apply_failures(wake);
@@ -79,8 +75,8 @@ pub(crate) fn post_one(
         // is dropped) keeps allocated, registered and untouched until its completion.
         Queue::Send => unsafe { handle.post_send(&[send_wr(wr_id, req, signaled)]) },
     };
-    counters.posted.fetch_add(1, Ordering::Relaxed);
-    counters.doorbells.fetch_add(1, Ordering::Relaxed);
+    add_held(&counters.posted, 1, st);
+    add_held(&counters.doorbells, 1, st);
     if let Err(e) = r {
         let (_, errno) = post_error(e);
         let handle = handle.clone();

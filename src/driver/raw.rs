@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::task::{Context, Poll};
 
+use super::counters::add_held;
 use super::deferred::{Deferred, Payload};
 use super::latency::WaitKind;
 use super::post;
@@ -40,16 +41,19 @@ pub(crate) struct OpConfig {
     pub(crate) inline: bool,
 }
 
+/// Where an operation is. Its buffers are not in here but beside it, in [`RawOp::buf`]: a change
+/// of state writes only the new state (the request, the largest part, is never moved; it is
+/// posted from where it lies), and the buffers move once, out of the resolved future.
 #[derive(Debug)]
-enum RawState<B> {
+enum RawState {
     /// Not polled yet: nothing is posted.
-    Init { buf: B, wr: WorkRequest },
+    Init(WorkRequest),
     /// Rejected before posting; reported on first poll.
-    Invalid { buf: B, err: Error },
+    Invalid(Error),
     /// Queued or posted. `flushed`: this future already asked for a post.
-    InTable { wr_id: u64, buf: B, flushed: bool },
+    InTable { wr_id: u64, flushed: bool },
     /// Resolved before anyone waited ([`RawOp::start`]): the outcome, for the next poll.
-    Ready((Result<OpInfo>, B)),
+    Ready(Result<OpInfo>),
     /// Resolved.
     Done,
 }
@@ -58,7 +62,10 @@ enum RawState<B> {
 #[derive(Debug)]
 pub(crate) struct RawOp<B: Send + 'static> {
     cfg: OpConfig,
-    state: RawState<B>,
+    state: RawState,
+    /// The operation's buffers: here from creation until the future resolves (then handed
+    /// out) or is dropped (then parked in the table if the device may still use them).
+    buf: Option<B>,
     waiter: Waiter,
     kind: WaitKind,
     /// Post on the first poll even on a coalescing queue pair ([`start`](Self::start)). Only
@@ -76,12 +83,13 @@ impl<B: Send + 'static> RawOp<B> {
             _ => WaitKind::Send,
         };
         let state = match wr {
-            Ok(wr) => RawState::Init { buf, wr },
-            Err(err) => RawState::Invalid { buf, err },
+            Ok(wr) => RawState::Init(wr),
+            Err(err) => RawState::Invalid(err),
         };
         RawOp {
             cfg: cfg.clone(),
             state,
+            buf: Some(buf),
             waiter: Waiter::default(),
             kind,
             eager: false,
@@ -95,23 +103,35 @@ impl<B: Send + 'static> RawOp<B> {
             self.eager = true;
             let waker = std::task::Waker::noop();
             let mut cx = Context::from_waker(waker);
-            match self.poll_raw(&mut cx) {
-                Poll::Ready(out) => self.state = RawState::Ready(out),
-                // Posted (or complete, held back by a spent budget); its wait, spinning or
-                // sleeping, begins at its first real poll.
-                Poll::Pending => {}
+            // Posted (or complete, held back by a spent budget); its wait, spinning or
+            // sleeping, begins at its first real poll.
+            if let Poll::Ready(out) = self.poll_state(&mut cx) {
+                self.state = RawState::Ready(out);
             }
         }
     }
 
     /// Drives the operation; on completion returns its outcome and the buffers.
     pub(crate) fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<(Result<OpInfo>, B)> {
+        match self.poll_state(cx) {
+            Poll::Ready(out) => {
+                let buf = self.buf.take().expect("a future resolves once");
+                Poll::Ready((out, buf))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Drives the operation; on completion returns its outcome (the buffers stay in
+    /// [`buf`](Self::buf)).
+    fn poll_state(&mut self, cx: &mut Context<'_>) -> Poll<Result<OpInfo>> {
         let RawOp {
             cfg,
             state,
             waiter,
             kind,
             eager,
+            ..
         } = self;
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
@@ -119,40 +139,36 @@ impl<B: Send + 'static> RawOp<B> {
         let mut posted_under = None;
         // This is `start`'s poll (see `eager`): post only.
         let mut starting = false;
-        // A posted operation's state stays where it is (only its outcome moves it out); the
-        // others move out once.
+        // Matched in place: a new request is posted from where it lies and only then
+        // overwritten by its table entry's id; an outcome moves out once.
         let (wr_id, flushed) = match state {
             RawState::InTable { wr_id, flushed, .. } => (*wr_id, std::mem::replace(flushed, true)),
-            RawState::Init { .. } => {
-                let RawState::Init { buf, wr } = std::mem::replace(state, RawState::Done) else {
-                    unreachable!("matched above");
-                };
-                match submit(cfg, waiter, *eager, wr, &mut wake) {
-                    Err(err) => return Poll::Ready((Err(err), buf)),
-                    Ok((wr_id, None)) => {
-                        // Queued on a coalescing queue pair: yield once so that siblings
-                        // started in this wake queue up too; the next poll posts them all with
-                        // one doorbell.
-                        *state = RawState::InTable {
-                            wr_id,
-                            buf,
-                            flushed: false,
-                        };
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
-                    }
-                    Ok((wr_id, Some(st))) => {
-                        posted_under = Some(st);
-                        starting = *eager;
-                        *state = RawState::InTable {
-                            wr_id,
-                            buf,
-                            flushed: true,
-                        };
-                        (wr_id, true)
-                    }
+            RawState::Init(wr) => match submit(cfg, waiter, *eager, wr, &mut wake) {
+                Err(err) => {
+                    *state = RawState::Done;
+                    return Poll::Ready(Err(err));
                 }
-            }
+                Ok((wr_id, None)) => {
+                    // Queued on a coalescing queue pair: yield once so that siblings started
+                    // in this wake queue up too; the next poll posts them all with one
+                    // doorbell.
+                    *state = RawState::InTable {
+                        wr_id,
+                        flushed: false,
+                    };
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Ok((wr_id, Some(st))) => {
+                    posted_under = Some(st);
+                    starting = *eager;
+                    *state = RawState::InTable {
+                        wr_id,
+                        flushed: true,
+                    };
+                    (wr_id, true)
+                }
+            },
             RawState::Ready(_) => {
                 // Complete, held back by a spent budget (below): hand it out on a fresh one.
                 return match tokio::task::coop::poll_proceed(cx) {
@@ -166,12 +182,11 @@ impl<B: Send + 'static> RawOp<B> {
                     Poll::Pending => Poll::Pending,
                 };
             }
-            RawState::Invalid { .. } => {
-                let RawState::Invalid { buf, err } = std::mem::replace(state, RawState::Done)
-                else {
+            RawState::Invalid(_) => {
+                let RawState::Invalid(err) = std::mem::replace(state, RawState::Done) else {
                     unreachable!("matched above");
                 };
-                return Poll::Ready((Err(err), buf));
+                return Poll::Ready(Err(err));
             }
             RawState::Done => panic!("operation future polled after completion"),
         };
@@ -198,10 +213,7 @@ impl<B: Send + 'static> RawOp<B> {
                 st = shared.lock();
             }
             n += 1;
-            shared
-                .counters
-                .polled_in_place
-                .fetch_add(1, Ordering::Relaxed);
+            add_held(&shared.counters.polled_in_place, 1, &st);
             shared.poll_cq(&mut st, &mut wake);
             res = st.core.poll_result(wr_id, None);
         }
@@ -209,9 +221,7 @@ impl<B: Send + 'static> RawOp<B> {
             drop(st);
             wake.run();
             waiter.done(shared, *kind);
-            let RawState::InTable { buf, .. } = std::mem::replace(state, RawState::Done) else {
-                unreachable!("a posted operation is in the table");
-            };
+            *state = RawState::Done;
             // Tokio's cooperative budget, as its own I/O types: a loop of operations that
             // always complete within their in-place polls still yields to the runtime's other
             // tasks once the task's budget is spent. Checked only for the result, never
@@ -219,11 +229,11 @@ impl<B: Send + 'static> RawOp<B> {
             return match tokio::task::coop::poll_proceed(cx) {
                 Poll::Ready(coop) => {
                     coop.made_progress();
-                    Poll::Ready((outcome, buf))
+                    Poll::Ready(outcome)
                 }
                 Poll::Pending => {
                     // The task was woken; the next poll hands the result out.
-                    *state = RawState::Ready((outcome, buf));
+                    *state = RawState::Ready(outcome);
                     Poll::Pending
                 }
             };
@@ -268,7 +278,7 @@ fn submit<'s>(
     cfg: &'s OpConfig,
     waiter: &mut Waiter,
     eager: bool,
-    wr: WorkRequest,
+    wr: &WorkRequest,
     wake: &mut Deferred,
 ) -> Result<(u64, Option<MutexGuard<'s, State>>)> {
     let shared: &Shared = &cfg.shared;
@@ -282,18 +292,11 @@ fn submit<'s>(
     };
     let wr_id = match direct {
         Some((wr_id, signaled)) => {
-            post::post_one(
-                &mut st,
-                &shared.counters,
-                cfg.qp,
-                wr_id,
-                &wr,
-                signaled,
-                wake,
-            );
+            post::post_one(&mut st, &shared.counters, cfg.qp, wr_id, wr, signaled, wake);
             wr_id
         }
-        None => st.core.submit_unparked(cfg.qp, wr)?.wr_id,
+        // Queued: the request moves to its queue pair's pending list (the slow path).
+        None => st.core.submit_unparked(cfg.qp, wr.clone())?.wr_id,
     };
     if !now {
         return Ok((wr_id, None));
@@ -312,22 +315,22 @@ impl<B: Send + 'static> Unpin for RawOp<B> {}
 impl<B: Send + 'static> Drop for RawOp<B> {
     fn drop(&mut self) {
         let RawOp {
-            cfg, state, waiter, ..
+            cfg,
+            state,
+            waiter,
+            buf,
+            ..
         } = self;
         let shared: &Shared = &cfg.shared;
         waiter.leave(shared);
-        if !matches!(state, RawState::InTable { .. }) {
-            // Resolved, or never posted: nothing of it is in the table (and the state is not
-            // moved out just to be dropped).
+        let RawState::InTable { wr_id, .. } = *state else {
+            // Resolved, or never posted: nothing of it is in the table.
             return;
-        }
-        if let RawState::InTable { wr_id, buf, .. } = std::mem::replace(state, RawState::Done) {
-            let mut buf = Some(buf);
-            shared.lock().core.cancel_with(wr_id, || {
-                Box::new(buf.take().expect("parked once")) as Payload
-            });
-            // Not parked (never posted, or already complete): dropped here, outside the lock.
-            drop(buf);
-        }
+        };
+        shared.lock().core.cancel_with(wr_id, || {
+            Box::new(buf.take().expect("parked once")) as Payload
+        });
+        // Not parked (never posted, or already complete): dropped with the future, outside the
+        // lock.
     }
 }

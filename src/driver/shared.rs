@@ -15,8 +15,9 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
-use super::counters::Counters;
+use super::counters::{Counters, add_held};
 use super::deferred::{Deferred, Sink};
+use super::kick::TaskKick;
 use super::latency::Latency;
 use super::offload::off_runtime;
 use super::options::CompletionMode;
@@ -54,7 +55,7 @@ pub(crate) struct Shared {
     /// Observed completion latencies (the adaptive spin budget).
     pub(crate) latency: Latency,
     /// Wakes the completion task (shutdown, closing queue pairs, the last spinner leaving).
-    pub(crate) notify: Notify,
+    pub(crate) notify: TaskKick,
     /// Wakes the async-event task (shutdown).
     pub(crate) notify_events: Notify,
     /// Signalled after the completion task applied completions, while [`closers`](Self::closers)
@@ -97,7 +98,7 @@ impl Shared {
             spinners: Spinners::default(),
             sleepers: Spinners::default(),
             latency: Latency::default(),
-            notify: Notify::new(),
+            notify: TaskKick::default(),
             notify_events: Notify::new(),
             drained: Notify::new(),
             closers: AtomicUsize::new(0),
@@ -144,7 +145,7 @@ impl Shared {
     /// Polls one batch of completions and applies them; returns how many there were. Call
     /// with the state locked; run `wake` after unlocking.
     pub(crate) fn poll_cq(&self, st: &mut State, wake: &mut Deferred) -> usize {
-        self.counters.polls.fetch_add(1, Ordering::Relaxed);
+        add_held(&self.counters.polls, 1, st);
         let State {
             core,
             qps,
@@ -209,9 +210,7 @@ impl Shared {
         if n == 0 {
             return 0;
         }
-        self.counters
-            .completions
-            .fetch_add(n as u64, Ordering::Relaxed);
+        add_held(&self.counters.completions, n as u64, st);
         if !st.out.postable.is_empty() {
             // Keep the list's memory: `post` does not add to it.
             let mut postable = std::mem::take(&mut st.out.postable);
@@ -226,9 +225,7 @@ impl Shared {
                 count = st.out.unknown,
                 "completions that match no operation were ignored"
             );
-            self.counters
-                .unknown
-                .fetch_add(st.out.unknown, Ordering::Relaxed);
+            add_held(&self.counters.unknown, st.out.unknown, st);
             st.out.unknown = 0;
         }
         wake.take_from(&mut st.out);

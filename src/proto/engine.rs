@@ -356,6 +356,7 @@ impl<P> Core<P> {
         self.poll_entry(wr_id, cx).map(|(outcome, _)| outcome)
     }
 
+    #[inline]
     fn poll_entry(
         &mut self,
         wr_id: u64,
@@ -366,11 +367,15 @@ impl<P> Core<P> {
             .get_mut(wr_id)
             .expect("operation is in the table");
         if matches!(entry.lifecycle, Lifecycle::Completed(_)) {
-            let entry = self.table.remove(wr_id).expect("present");
-            let Lifecycle::Completed(outcome) = entry.lifecycle else {
-                unreachable!()
+            // Only the outcome and the payload move out; the slot is freed where it lies.
+            let Lifecycle::Completed(outcome) =
+                std::mem::replace(&mut entry.lifecycle, Lifecycle::Cancelled)
+            else {
+                unreachable!("matched above");
             };
-            return Poll::Ready((outcome, entry.payload));
+            let payload = entry.payload.take();
+            self.table.free(wr_id);
+            return Poll::Ready((outcome, payload));
         }
         if let Some(cx) = cx {
             match &entry.waker {

@@ -124,6 +124,28 @@ impl<P> OpTable<P> {
         }
     }
 
+    /// Frees `wr_id`'s slot in place: what is left of its entry is dropped where it lies (the
+    /// caller has taken out what it needs), nothing is moved out.
+    ///
+    /// # Panics
+    ///
+    /// If `wr_id` is not in the table.
+    #[inline]
+    pub(crate) fn free(&mut self, wr_id: u64) {
+        let (generation, idx) = split(wr_id);
+        let slot = &mut self.slots[idx as usize];
+        assert!(
+            matches!(slot, Slot::Occupied { generation: g, .. } if *g == generation),
+            "freeing an entry that is not in the table"
+        );
+        *slot = Slot::Vacant {
+            generation,
+            next_free: self.free_head,
+        };
+        self.free_head = Some(idx);
+        self.len -= 1;
+    }
+
     pub(crate) fn remove(&mut self, wr_id: u64) -> Option<Entry<P>> {
         let (generation, idx) = split(wr_id);
         let slot = self.slots.get_mut(idx as usize)?;
@@ -187,6 +209,28 @@ mod tests {
         assert!(t.remove(a).is_none());
         assert_eq!(t.len(), 1);
         assert_eq!(t.ids_where(|e| e.payload == Some(2)), vec![b]);
+    }
+
+    #[test]
+    fn free_vacates_the_slot_for_reuse_with_a_new_generation() {
+        let mut t = OpTable::new();
+        let a = t.insert(entry(1));
+        let keep = t.insert(entry(9));
+        t.free(a);
+        assert_eq!(t.len(), 1);
+        assert!(t.get_mut(a).is_none(), "freed");
+        assert_eq!(
+            t.get(keep).and_then(|e| e.payload),
+            Some(9),
+            "the other stays"
+        );
+        let b = t.insert(entry(2));
+        assert_eq!(a as u32, b as u32, "the freed slot is reused");
+        assert_ne!(a, b);
+        assert!(
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.free(a))).is_err(),
+            "a stale id"
+        );
     }
 
     #[test]
