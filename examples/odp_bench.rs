@@ -1,6 +1,6 @@
 //! Pinned vs on-demand (ODP) memory, measured: the time and locked memory (VmPin/VmLck) to
 //! register regions of several sizes; first-touch (page fault) vs steady latency of RDMA READ,
-//! WRITE and send; RDMA WRITE bandwidth at 64 KiB. Prints markdown tables (docs/benchmarks.md).
+//! WRITE and send; RDMA WRITE bandwidth at 64 KiB. Prints markdown tables (docs/benchmarks-odp.md).
 //!
 //! ```text
 //! odp_bench                          # both ends in this process, on 192.0.2.1 (rxe0 in the VM)

@@ -14,7 +14,7 @@
 //! stack --net rdma --no-baseline --streams 0 --iters 2000 http2   # one row, for a profiler
 //! ```
 //!
-//! docs/ecosystem.md explains the glue; docs/benchmarks.md has a table from the VM.
+//! docs/ecosystem.md explains the glue; docs/benchmarks-stack.md has a table from the VM.
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,

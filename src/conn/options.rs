@@ -292,7 +292,7 @@ impl ConnectOptions {
     /// borrowed slice always copies (its memory cannot be kept until the peer read it).
     ///
     /// The default, 256 KiB, is where one registration per message costs less than copying
-    /// the chunks (measured in `docs/benchmarks.md`).
+    /// the chunks (measured in `docs/benchmarks-large.md`).
     ///
     /// # Examples
     ///

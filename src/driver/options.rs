@@ -35,7 +35,7 @@ pub enum CompletionMode {
         /// sleeping: each side's slept waits include its wake-up, keep its average above the
         /// cap, and it sleeps at once; with 500 µs, `msg_lat` 64 B ran at 220-370 µs median
         /// half round trip in about half the runs (20 µs in the others), with 2 ms at 19-21
-        /// µs in all (docs/benchmarks.md). Lower it where CPU matters more than latency for
+        /// µs in all (docs/benchmarks-speed-2.md). Lower it where CPU matters more than latency for
         /// waits between the average and the cap.
         max_spin: Duration,
     },

@@ -127,7 +127,7 @@ impl Shared {
     /// `msg_lat` 64 B showed the cost: each empty poll then went through the runtime (a
     /// self-wake and a task poll, several times the poll itself), and adaptive mode's round
     /// trip was 38-64 µs against busy mode's 23-52 µs in the same VM; with the slice, 21.6-27.4
-    /// µs (docs/benchmarks.md).
+    /// µs (docs/benchmarks-speed-2.md).
     pub(crate) fn in_place_polls(&self) -> u32 {
         match self.mode {
             _ if !self.polls_in_place() => 0,
@@ -352,7 +352,7 @@ impl Shared {
     /// runtime it stays: skipping it there too (tried 2026-11-26) took `msg_lat` 64 B event
     /// from 243-376 µs to 490-527 µs (interleaved in one VM, 3 rounds), because the wake-up
     /// runs the completion task on the sleeping future's worker, so the CQ event's wake-up
-    /// later stays on one thread (docs/benchmarks.md).
+    /// later stays on one thread (docs/benchmarks-speed-2.md).
     pub(crate) fn sleeper_joined(&self) {
         self.sleepers.join();
         if self.sleepers.count() == 1 && (self.polls_in_place() || !self.one_thread) {

@@ -159,7 +159,7 @@ impl PoolConfig {
     /// Register the classes on demand ([`AccessFlags::ON_DEMAND`], default `false`): nothing
     /// is pinned and pages are faulted in as buffers are first used, so a large pool costs no
     /// locked memory and registers in constant time; the first use of each page pays a
-    /// fault (docs/benchmarks.md). The device must offer ODP for RC send and receive
+    /// fault (docs/benchmarks-odp.md). The device must offer ODP for RC send and receive
     /// ([`Endpoint::odp_caps`](crate::Endpoint::odp_caps)), else creating the pool fails with
     /// [`Error::OdpUnsupported`](crate::Error::OdpUnsupported).
     ///
