@@ -6,8 +6,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use tokio_rdma::buf::IoBuf;
 use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
 
@@ -243,8 +241,38 @@ async fn async_client(
     Ok(ops)
 }
 
+/// The outcome of a [`BwOp`].
+type BwOut = (tokio_rdma::Result<()>, Chunk);
+
+/// One queue-pair operation of the bandwidth loops.
+enum BwOp {
+    Write(tokio_rdma::ops::Write<Chunk>),
+    Read(tokio_rdma::ops::Read<Chunk>),
+    Send(tokio_rdma::ops::Send<Chunk>),
+}
+
+impl Future for BwOp {
+    type Output = BwOut;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut *self {
+            BwOp::Write(f) => Pin::new(f).poll(cx),
+            BwOp::Read(f) => Pin::new(f).poll(cx),
+            BwOp::Send(f) => Pin::new(f).poll(cx),
+        }
+    }
+}
+
 /// Keeps `cfg.depth` operations in flight on every queue pair until each has done `iters`;
 /// pushes each operation's post-to-completion time (us) into `samples`.
+///
+/// A ring of operations, oldest first, as an application pipelines requests on RC queue pairs
+/// (each completes its requests in order): await the oldest; take the ones behind it that are
+/// complete too (one look each); start as many new ones, which a coalescing queue pair
+/// queues, and post them together with one more look at the newest (one doorbell, signaled
+/// as sparsely as the driver's batch allows). This is perftest's loop (poll a batch of
+/// completions, post as many requests) written with the crate's futures; no allocation or
+/// task per operation (a `FuturesUnordered` allocates a node for each).
 async fn bw_loop(
     side: &Side,
     cfg: &TestConfig,
@@ -252,41 +280,86 @@ async fn bw_loop(
     iters: usize,
     samples: &mut Vec<f64>,
 ) -> Res<()> {
-    let mut inflight = FuturesUnordered::new();
-    let mut left = vec![iters; cfg.qps];
     let start = |q: usize, c: Chunk| {
         let qp = &side.qps[q];
-        let remote = side.remote[q];
-        let test = cfg.test;
-        async move {
-            let t = Instant::now();
-            let (res, c) = match test {
-                Test::WriteBw => {
-                    let r = remote.slice(0..size as u64).expect("token covers the size");
-                    qp.write(c, r).await
-                }
-                Test::ReadBw => {
-                    let r = remote.slice(0..size as u64).expect("token covers the size");
-                    qp.read(c, r).await
-                }
-                _ => qp.send(c).await,
-            };
-            (q, t.elapsed(), res, c)
+        match cfg.test {
+            Test::WriteBw => {
+                let r = side.remote[q]
+                    .slice(0..size as u64)
+                    .expect("token covers the size");
+                BwOp::Write(qp.write(c, r))
+            }
+            Test::ReadBw => {
+                let r = side.remote[q]
+                    .slice(0..size as u64)
+                    .expect("token covers the size");
+                BwOp::Read(qp.read(c, r))
+            }
+            _ => BwOp::Send(qp.send(c)),
         }
     };
+    let mut left = vec![iters; cfg.qps];
+    // In flight, oldest first: queue pair, start time, the operation, and its outcome if a
+    // look while starting found it complete already.
+    let mut ring: VecDeque<(usize, Instant, BwOp, Option<BwOut>)> =
+        VecDeque::with_capacity(cfg.depth * cfg.qps);
+    // Reused: the buffers of the operations completed in one look, to start again.
+    let mut done: Vec<(usize, Chunk)> = Vec::with_capacity(cfg.depth * cfg.qps);
+    let mut flushed = vec![false; cfg.qps];
     for (q, left) in left.iter_mut().enumerate() {
         let n = cfg.depth.min(*left);
         for c in chunks(&side.pd, size, n, SLOT_BYTES / cfg.qps)? {
-            inflight.push(start(q, c));
+            done.push((q, c));
         }
         *left -= n;
     }
-    while let Some((q, took, res, c)) = inflight.next().await {
-        res?;
-        samples.push(us(took));
-        if left[q] > 0 {
-            left[q] -= 1;
-            inflight.push(start(q, c));
+    loop {
+        // Start what completed (or the first batch): queued by their first polls, posted
+        // together by one more poll of the newest of each queue pair.
+        let fresh = ring.len();
+        for (q, c) in done.drain(..) {
+            let mut op = start(q, c);
+            let out = match futures::poll!(&mut op) {
+                Poll::Ready(out) => Some(out),
+                Poll::Pending => None,
+            };
+            ring.push_back((q, Instant::now(), op, out));
+        }
+        flushed.fill(false);
+        for (q, _, op, out) in ring.iter_mut().skip(fresh).rev() {
+            if out.is_none() && !std::mem::replace(&mut flushed[*q], true) {
+                if let Poll::Ready(o) = futures::poll!(&mut *op) {
+                    *out = Some(o);
+                }
+            }
+        }
+        // The oldest, then every one behind it already complete.
+        let Some((q, t, mut op, out)) = ring.pop_front() else {
+            break;
+        };
+        let (res, c) = match out {
+            Some(o) => o,
+            None => (&mut op).await,
+        };
+        let mut finish = |q: usize, t: Instant, (res, c): BwOut| -> Res<()> {
+            res?;
+            samples.push(us(t.elapsed()));
+            if left[q] > 0 {
+                left[q] -= 1;
+                done.push((q, c));
+            }
+            Ok(())
+        };
+        finish(q, t, (res, c))?;
+        while let Some((_, _, op, out)) = ring.front_mut() {
+            if out.is_none() {
+                match futures::poll!(op) {
+                    Poll::Ready(o) => *out = Some(o),
+                    Poll::Pending => break,
+                }
+            }
+            let (q, t, _, out) = ring.pop_front().expect("looked at");
+            finish(q, t, out.expect("complete"))?;
         }
     }
     Ok(())
