@@ -11,14 +11,13 @@
 //! raises no event), and waits on the completion channel's descriptor through `AsyncFd`;
 //! events are acknowledged in batches.
 
+use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
-
-use std::future::Future;
-use std::pin::Pin;
 use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
@@ -94,9 +93,9 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     let mut fresh = false;
     // Busy mode: rounds this task has polled the CQ in a row and found nothing.
     let mut idle_rounds = 0u32;
-    // The one timer of the waits that need one, made at the first (a runtime without a time
-    // driver never gets here with a timer due: only spinning futures and closing queue pairs
-    // ask for one) and reset, not remade, by the next.
+    // The one timer of the rounds that need one (spinners to check on, a closing queue pair),
+    // made by the first such round and reset, not remade, by the next. A round that needs none
+    // (every round in event mode) neither reads the clock nor touches the timer wheel.
     let mut timer: Option<Pin<Box<Sleep>>> = None;
     loop {
         shared.counters.task_wakeups.fetch_add(1, Ordering::Relaxed);
