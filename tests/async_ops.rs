@@ -213,13 +213,15 @@ async fn ops_started_in_one_wake_share_one_doorbell() {
 }
 
 /// In busy and adaptive modes a waiting operation polls the CQ in place, but not its full
-/// count (64) on its first polls: beside it in the same task there may be an operation not
-/// posted yet, as in `join!(recv, send)` or after `poll!(&mut recv)` to post a receive before
-/// answering, and 64 empty polls before it runs delayed every ping (`send_lat` 2 B busy at
-/// 4-5x perftest's). Adaptive mode spins in place as busy mode does (it polled once per poll
-/// of the future, `[1, 1, 1, 1]`, and every empty poll was a trip through the runtime).
-/// Counted, not timed: nothing can complete the receive until the send below, and on the
-/// current-thread runtime the completion task cannot run while the test polls by hand.
+/// count (64) on its first polls while an operation future of its driver waits to be posted:
+/// beside it in the same task, as in `join!(recv, send)` or after `poll!(&mut recv)` to post a
+/// receive before answering, 64 empty polls before the send went out delayed every ping
+/// (`send_lat` 2 B busy at 4-5x perftest's). With nothing waiting to be posted it spins its
+/// full count from its first poll: each ramp round that found nothing was a trip through the
+/// runtime. Adaptive mode spins in place as busy mode does (it polled once per poll of the
+/// future, `[1, 1, 1, 1]`, and every empty poll was a trip through the runtime). Counted, not
+/// timed: nothing can complete the receives until the sends below, and on the current-thread
+/// runtime the completion task cannot run while the test polls by hand.
 #[tokio::test(flavor = "current_thread")]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
 async fn a_waiting_operation_does_not_spin_its_full_count_before_its_siblings_run() {
@@ -229,6 +231,9 @@ async fn a_waiting_operation_does_not_spin_its_full_count_before_its_siblings_ru
         qp.coalesce = false;
         let p =
             common::async_pair_with(tokio_rdma::driver::DriverOptions::default().mode(mode), qp);
+        // A send made and not polled yet: the receive beside it ramps.
+        let data = pattern(48, 7);
+        let send = p.a.send(reg_with(&p.pd, &data, AccessFlags::LOCAL_WRITE));
         let rx = RegisteredBuffer::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
         let mut recv = Box::pin(p.b.recv(rx));
         let mut in_place = Vec::new();
@@ -240,10 +245,32 @@ async fn a_waiting_operation_does_not_spin_its_full_count_before_its_siblings_ru
         println!("{mode:?}: in-place polls of the receive's first four polls: {in_place:?}");
         assert_eq!(in_place, [1, 4, 16, 64], "{mode:?}");
         // The receive still gets the message sent after it.
-        let data = pattern(48, 7);
-        let send = p.a.send(reg_with(&p.pd, &data, AccessFlags::LOCAL_WRITE));
         let ((rres, rx), (sres, _)) =
             within(60, "send/recv", async { tokio::join!(recv, send) }).await;
+        sres.unwrap();
+        assert_eq!(rres.unwrap().len, data.len());
+        assert_eq!(&rx.to_vec()[..data.len()], &data[..]);
+        // Alone (nothing made and not posted): the full count from the first poll.
+        let rx = RegisteredBuffer::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut alone = Box::pin(p.b.recv(rx));
+        let before = p.driver.stats().polled_in_place;
+        assert!(futures::poll!(&mut alone).is_pending(), "nothing was sent");
+        let first = p.driver.stats().polled_in_place - before;
+        println!("{mode:?}: in-place polls of a lone receive's first poll: {first}");
+        assert_eq!(first, 64, "{mode:?}");
+        // A send made and dropped unpolled posts nothing and holds nothing back.
+        drop(p.a.send(reg_with(&p.pd, &data, AccessFlags::LOCAL_WRITE)));
+        let before = p.driver.stats().polled_in_place;
+        assert!(futures::poll!(&mut alone).is_pending(), "nothing was sent");
+        assert_eq!(p.driver.stats().polled_in_place - before, 64, "{mode:?}");
+        let data = pattern(33, 9);
+        let ((rres, rx), (sres, _)) = within(60, "send/recv alone", async {
+            tokio::join!(
+                alone,
+                p.a.send(reg_with(&p.pd, &data, AccessFlags::LOCAL_WRITE))
+            )
+        })
+        .await;
         sres.unwrap();
         assert_eq!(rres.unwrap().len, data.len());
         assert_eq!(&rx.to_vec()[..data.len()], &data[..]);
@@ -251,7 +278,8 @@ async fn a_waiting_operation_does_not_spin_its_full_count_before_its_siblings_ru
 }
 
 /// `start` posts and does nothing else: no in-place poll, no round of the in-place ramp (the
-/// first real poll polls once, as a fresh future's does, not four times), and no turn as a
+/// first real poll beside a future not posted yet polls once, as a fresh future's does, not
+/// four times), and no turn as a
 /// spinner or a sleeper (one that joined and left the spinners handed the CQ to the
 /// completion task, which armed it: `send_lat` 2 B adaptive with its receive started went
 /// from 24-31 µs to 84-97 µs). Counted, not timed: on the current-thread runtime nothing
@@ -285,11 +313,15 @@ async fn start_posts_without_polling_or_spinning() {
             0,
             "{mode:?}: start polls nothing"
         );
+        // A send made and not polled: the started receive's wait ramps.
+        let held =
+            p.a.send(reg_with(&p.pd, &[1u8; 8], AccessFlags::LOCAL_WRITE));
         let before = after.polled_in_place;
         assert!(
             futures::poll!(&mut recvs[0]).is_pending(),
             "nothing was sent"
         );
+        drop(held);
         let first = p.driver.stats().polled_in_place - before;
         let want = if mode == CompletionMode::Event { 0 } else { 1 };
         println!("{mode:?}: in-place polls of a started receive's first poll: {first}");

@@ -71,9 +71,11 @@ pub(crate) struct RawOp<B: Send + 'static> {
     /// Post on the first poll even on a coalescing queue pair ([`start`](Self::start)). Only
     /// `start` sets it, and only before its own (first) poll: a first poll with it set is
     /// `start`'s, which posts but does not poll the CQ in place, spin or sleep (nobody waits
-    /// yet), nor count a round of the wait's ramp (the first real poll polls once, as any
-    /// future's first poll does).
+    /// yet), nor count a round of the wait's ramp (the first real poll polls as any future's
+    /// first poll does).
     eager: bool,
+    /// Counted in [`Shared::unposted`]: made and not posted yet (see [`posted`]).
+    unposted: bool,
 }
 
 impl<B: Send + 'static> RawOp<B> {
@@ -82,10 +84,13 @@ impl<B: Send + 'static> RawOp<B> {
             Ok(wr) if wr.queue == crate::proto::Queue::Recv => WaitKind::Recv,
             _ => WaitKind::Send,
         };
-        let state = match wr {
-            Ok(wr) => RawState::Init(wr),
-            Err(err) => RawState::Invalid(err),
+        let (state, unposted) = match wr {
+            Ok(wr) => (RawState::Init(wr), true),
+            Err(err) => (RawState::Invalid(err), false),
         };
+        if unposted {
+            cfg.shared.unposted.fetch_add(1, Ordering::Relaxed);
+        }
         RawOp {
             cfg: cfg.clone(),
             state,
@@ -93,6 +98,7 @@ impl<B: Send + 'static> RawOp<B> {
             waiter: Waiter::default(),
             kind,
             eager: false,
+            unposted,
         }
     }
 
@@ -131,6 +137,7 @@ impl<B: Send + 'static> RawOp<B> {
             waiter,
             kind,
             eager,
+            unposted,
             ..
         } = self;
         let shared: &Shared = &cfg.shared;
@@ -146,6 +153,7 @@ impl<B: Send + 'static> RawOp<B> {
             RawState::Init(wr) => match submit(cfg, waiter, *eager, wr, &mut wake) {
                 Err(err) => {
                     *state = RawState::Done;
+                    posted(shared, unposted);
                     return Poll::Ready(Err(err));
                 }
                 Ok((wr_id, None)) => {
@@ -195,6 +203,9 @@ impl<B: Send + 'static> RawOp<B> {
             post::post(&mut st, &shared.counters, cfg.qp, &mut wake);
             wake.take_from(&mut st.out);
         }
+        // Posted now (straight away, or from the queue just above; a full queue posts it as
+        // room frees, which no poll of this task can hasten).
+        posted(shared, unposted);
         let mut res = st.core.poll_result(wr_id, None);
         // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
         // (a runtime round trip per empty poll costs several times the poll itself); the lock
@@ -308,6 +319,14 @@ fn submit<'s>(
     Ok((wr_id, Some(st)))
 }
 
+/// The operation no longer waits to be posted (it was, or it never will be): it stops holding
+/// back the in-place spins of the futures beside it ([`Shared::unposted`]). Once per future.
+fn posted(shared: &Shared, unposted: &mut bool) {
+    if std::mem::take(unposted) {
+        shared.unposted.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 // The buffers are never pinned: their memory is stable (the `IoBuf` contract) and the handles
 // move freely.
 impl<B: Send + 'static> Unpin for RawOp<B> {}
@@ -319,10 +338,12 @@ impl<B: Send + 'static> Drop for RawOp<B> {
             state,
             waiter,
             buf,
+            unposted,
             ..
         } = self;
         let shared: &Shared = &cfg.shared;
         waiter.leave(shared);
+        posted(shared, unposted);
         let RawState::InTable { wr_id, .. } = *state else {
             // Resolved, or never posted: nothing of it is in the table.
             return;

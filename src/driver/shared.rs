@@ -49,6 +49,13 @@ pub(crate) struct Shared {
     /// Futures polling the CQ themselves right now: while there are any, the completion task
     /// leaves the CQ unarmed (they see every completion first).
     pub(crate) spinners: Spinners,
+    /// Operation futures made and not yet posted (nor dropped): while there is any, a waiting
+    /// future ramps its in-place polls up rather than spinning its full count at once, so the
+    /// sibling beside it in its task gets polled, and posted, first
+    /// (`Waiter::in_place_polls`). A hint, never a guarantee: counted without ordering, and a
+    /// future leaked (`mem::forget`) before its first poll keeps it above zero for good (every
+    /// wait then ramps, as all did before the count).
+    pub(crate) unposted: AtomicUsize,
     /// Futures waiting for a wake-up (their waker registered) rather than polling: while there
     /// are any, the completion task must keep the CQ watched (polled or armed) itself.
     pub(crate) sleepers: Spinners,
@@ -96,6 +103,7 @@ impl Shared {
             mode,
             one_thread,
             spinners: Spinners::default(),
+            unposted: AtomicUsize::new(0),
             sleepers: Spinners::default(),
             latency: Latency::default(),
             notify: TaskKick::default(),

@@ -21,6 +21,7 @@
 //! spins, the completion task leaves the CQ unarmed: no interrupt, no event, no task hop per
 //! completion.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::latency::WaitKind;
@@ -53,18 +54,26 @@ impl Waiter {
         }
     }
 
-    /// How many times this poll of a queue-pair operation's future polls the CQ in place: 1,
-    /// 4, 16, then the mode's number ([`Shared::in_place_polls`]: 64 in busy and adaptive modes), over the
-    /// wait's first polls. A future polled beside others in one task must not spin its full
-    /// count before they are polled: in `join!(recv, send)`, or after `poll!(&mut recv)` to
-    /// post a receive before answering, the send the peer waits for went out only after 64
-    /// polls (`send_lat` 2 B busy 55-72 µs, then 25-30 µs, perftest 11 µs; a lone wait, as
-    /// `read_lat`, is unchanged: 42 µs both). A connection's waits (`conn::progress`) spin their
-    /// full count from the first poll: its message sends are posted before it waits, and
-    /// there the ramp's extra runtime round trips cost `msg_lat` 64 B busy 16% (22.1-22.8 ->
-    /// 25.7-26.6 µs).
+    /// How many times this poll of a queue-pair operation's future polls the CQ in place: the
+    /// mode's number ([`Shared::in_place_polls`]: 64 in busy and adaptive modes) when no
+    /// operation future of this driver waits to be posted ([`Shared::unposted`]), else 1, 4,
+    /// 16, then the mode's number over the wait's first polls. A future polled beside others
+    /// in one task must not spin its full count before they are polled: in `join!(recv,
+    /// send)`, or after `poll!(&mut recv)` to post a receive before answering, the send the
+    /// peer waits for went out only after 64 polls (`send_lat` 2 B busy 55-72 µs, then 25-30
+    /// µs with the ramp, perftest 11 µs). But a wait with nothing left to post beside it (a
+    /// lone `read`, or `join!(send, recv)` once the send is out) only lost by the ramp: each
+    /// of its rounds that found nothing was a trip through the runtime (one per `send_lat` 2 B
+    /// busy round trip under callgrind, about 1,200 instructions). A connection's waits
+    /// (`conn::progress`) spin their full count from the first poll: its message sends are
+    /// posted before it waits.
     pub(crate) fn in_place_polls(&mut self, shared: &Shared) -> u32 {
-        let n = ramp(self.rounds, shared.in_place_polls());
+        let max = shared.in_place_polls();
+        let n = if shared.unposted.load(Ordering::Relaxed) == 0 {
+            max
+        } else {
+            ramp(self.rounds, max)
+        };
         self.rounds = self.rounds.saturating_add(1);
         n
     }
