@@ -252,6 +252,7 @@ async fn receives_dropped_at_any_point_lose_and_duplicate_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
 async fn a_reader_that_stops_reading_holds_the_sender_back_with_bounded_memory() {
+    const MESSAGES: u32 = 40;
     let budget: u64 = 4 << 20;
     let opts = ConnectOptions::default()
         .recv_credits(8)
@@ -269,8 +270,9 @@ async fn a_reader_that_stops_reading_holds_the_sender_back_with_bounded_memory()
             let conn = Connection::connect_with(addr(7103), opts)
                 .await
                 .expect("connect");
-            // As fast as flow control allows: 1 MiB messages (16 chunks each).
-            for seq in 0..200u32 {
+            // As fast as flow control allows: 1 MiB messages (16 chunks each), ten times the
+            // receive budget in all (200 took 111 s of the test run, for nothing more).
+            for seq in 0..MESSAGES {
                 match conn.send(&make(7, seq, 1 << 20)).await {
                     Ok(()) => sent.fetch_add(1, Ordering::Relaxed),
                     Err(e) => panic!("send {seq}: {e}"),
@@ -314,9 +316,9 @@ async fn a_reader_that_stops_reading_holds_the_sender_back_with_bounded_memory()
         assert_eq!(seq, next);
         next += 1;
     }
-    assert_eq!(next, 200, "every message arrived once reading resumed");
+    assert_eq!(next, MESSAGES, "every message arrived once reading resumed");
     println!(
-        "after resuming: 200 messages of 1 MiB verified in {:.1} s; withheld re-posts {}",
+        "after resuming: {MESSAGES} messages of 1 MiB verified in {:.1} s; withheld re-posts {}",
         started.elapsed().as_secs_f64(),
         conn.stats().protocol.reposts_withheld
     );
