@@ -112,14 +112,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let echo = tokio::spawn(async move {
         let [first, mut spare] = b_bufs;
-        let mut recv = Box::pin(b.recv(first));
-        assert!(futures::poll!(&mut recv).is_pending());
-        let _ = ready_tx.send(()); // the first ping may go now
+        let mut recv = b.recv(first);
+        recv.start(); // posted: the first ping may go now
+        let _ = ready_tx.send(());
         for i in 0..iters {
             let (res, rx) = recv.await;
             assert_eq!(res?.len, size, "ping {i} length");
-            recv = Box::pin(b.recv(spare));
-            assert!(futures::poll!(&mut recv).is_pending());
+            recv = b.recv(spare);
+            recv.start();
             let (res, rx) = b.send(rx.slice(0..size)).await;
             res?;
             spare = rx.into_inner();
@@ -135,11 +135,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let total = Instant::now();
     for i in 0..iters {
         let t = Instant::now();
-        let mut a_recv = Box::pin(a.recv(a_rx));
-        assert!(
-            futures::poll!(&mut a_recv).is_pending(),
-            "pong receive posted"
-        );
+        let mut a_recv = a.recv(a_rx);
+        a_recv.start(); // the pong's receive, posted before the ping
         let ((sres, p), (rres, rx)) = tokio::join!(a.send(ping.slice(0..size)), a_recv);
         common::record(&mut hist, t.elapsed());
         sres?;

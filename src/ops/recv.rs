@@ -46,7 +46,10 @@ impl<B: SgTarget> Recv<B> {
     /// first poll, does nothing. It only posts: it polls no completion and does not count as
     /// a waiting future (the completion mode's spinning or sleeping starts when the future is
     /// first awaited, as for a receive posted by its first poll), so a started operation costs
-    /// nothing while it waits to be awaited.
+    /// nothing while it waits to be awaited. Post ahead with `start`, not with a first poll
+    /// (`futures::poll!`): in busy and adaptive modes a poll is a wait, and one with no other
+    /// operation future of its driver made and not posted polls the completion queue its
+    /// full in-place count (64 times) before it returns.
     ///
     /// # Examples
     ///
