@@ -85,12 +85,15 @@ pub unsafe trait IoBufMut: IoBuf {
 // SAFETY: a Vec's heap allocation does not move when the Vec is moved; `len <= capacity`.
 // No lkey: registered on demand by the registration cache.
 unsafe impl IoBuf for Vec<u8> {
+    #[inline]
     fn stable_ptr(&self) -> *const u8 {
         self.as_ptr()
     }
+    #[inline]
     fn bytes_init(&self) -> usize {
         self.len()
     }
+    #[inline]
     fn bytes_total(&self) -> usize {
         self.capacity()
     }
@@ -98,9 +101,11 @@ unsafe impl IoBuf for Vec<u8> {
 
 // SAFETY: as above; `set_len` is only called with initialised lengths (caller contract).
 unsafe impl IoBufMut for Vec<u8> {
+    #[inline]
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.as_mut_ptr()
     }
+    #[inline]
     unsafe fn set_init(&mut self, pos: usize) {
         if self.len() < pos {
             // SAFETY: the caller guarantees `pos` bytes are initialised and within capacity.
@@ -111,12 +116,15 @@ unsafe impl IoBufMut for Vec<u8> {
 
 // SAFETY: `Bytes` never moves or frees its storage while a handle lives; it is read-only.
 unsafe impl IoBuf for bytes::Bytes {
+    #[inline]
     fn stable_ptr(&self) -> *const u8 {
         self.as_ptr()
     }
+    #[inline]
     fn bytes_init(&self) -> usize {
         self.len()
     }
+    #[inline]
     fn bytes_total(&self) -> usize {
         self.len()
     }
@@ -125,12 +133,15 @@ unsafe impl IoBuf for bytes::Bytes {
 // SAFETY: a `BytesMut`'s storage does not move while it is not resized (operations take it by
 // value, so nobody can resize it while the device uses it).
 unsafe impl IoBuf for bytes::BytesMut {
+    #[inline]
     fn stable_ptr(&self) -> *const u8 {
         self.as_ptr()
     }
+    #[inline]
     fn bytes_init(&self) -> usize {
         self.len()
     }
+    #[inline]
     fn bytes_total(&self) -> usize {
         self.capacity()
     }
@@ -138,9 +149,11 @@ unsafe impl IoBuf for bytes::BytesMut {
 
 // SAFETY: as above; `set_len` only with initialised lengths.
 unsafe impl IoBufMut for bytes::BytesMut {
+    #[inline]
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.as_mut_ptr()
     }
+    #[inline]
     unsafe fn set_init(&mut self, pos: usize) {
         if self.len() < pos {
             // SAFETY: the caller guarantees `pos` bytes are initialised and within capacity.
@@ -152,15 +165,19 @@ unsafe impl IoBufMut for bytes::BytesMut {
 // SAFETY: a `RegisteredBuffer` owns a heap allocation that never moves, registered as one
 // region for its whole life; all its bytes are initialised (zeroed at allocation).
 unsafe impl IoBuf for crate::verbs::RegisteredBuffer {
+    #[inline]
     fn stable_ptr(&self) -> *const u8 {
         self.addr() as *const u8
     }
+    #[inline]
     fn bytes_init(&self) -> usize {
         self.len()
     }
+    #[inline]
     fn bytes_total(&self) -> usize {
         self.len()
     }
+    #[inline]
     fn lkey(&self) -> Option<u32> {
         Some(crate::verbs::RegisteredBuffer::lkey(self))
     }
@@ -168,9 +185,11 @@ unsafe impl IoBuf for crate::verbs::RegisteredBuffer {
 
 // SAFETY: as above; every byte is always initialised, so `set_init` has nothing to record.
 unsafe impl IoBufMut for crate::verbs::RegisteredBuffer {
+    #[inline]
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.addr() as *mut u8
     }
+    #[inline]
     unsafe fn set_init(&mut self, _pos: usize) {}
 }
 
@@ -238,15 +257,19 @@ impl<T: IoBuf> Slice<T> {
 // SAFETY: the range lies inside the inner buffer's stable allocation (checked in `new`), so
 // every promise of the inner buffer holds for the sub-range; the lkey covers it too.
 unsafe impl<T: IoBuf> IoBuf for Slice<T> {
+    #[inline]
     fn stable_ptr(&self) -> *const u8 {
         self.buf.stable_ptr().wrapping_add(self.begin)
     }
+    #[inline]
     fn bytes_init(&self) -> usize {
         self.buf.bytes_init().clamp(self.begin, self.end) - self.begin
     }
+    #[inline]
     fn bytes_total(&self) -> usize {
         self.end - self.begin
     }
+    #[inline]
     fn lkey(&self) -> Option<u32> {
         self.buf.lkey()
     }
@@ -254,6 +277,7 @@ unsafe impl<T: IoBuf> IoBuf for Slice<T> {
 
 // SAFETY: as above.
 unsafe impl<T: IoBufMut> IoBufMut for Slice<T> {
+    #[inline]
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.buf.stable_mut_ptr().wrapping_add(self.begin)
     }
@@ -261,6 +285,7 @@ unsafe impl<T: IoBufMut> IoBufMut for Slice<T> {
     /// tracks an initialised prefix, so this extends it only when the slice starts inside that
     /// prefix (or right at its end): otherwise the bytes between the prefix and the slice were
     /// never written, and the inner buffer's initialised length stays as it was.
+    #[inline]
     unsafe fn set_init(&mut self, pos: usize) {
         if self.buf.bytes_init() < self.begin {
             return;

@@ -130,6 +130,7 @@ impl RemoteToken {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] if they do not fit.
+    #[inline]
     pub fn check(&self, offset: u64, len: u64) -> Result<u64> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.addr + offset),

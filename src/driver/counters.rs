@@ -26,6 +26,7 @@ pub(crate) struct Counters {
 /// locked state, shows the caller holds it): no other thread writes it meanwhile, so a load and
 /// a store do, without a locked read-modify-write (a few of these per operation). Readers
 /// ([`Driver::stats`](super::Driver::stats)) load it without the lock and see either value.
+#[inline]
 pub(crate) fn add_held(counter: &AtomicU64, n: u64, _held: &State) {
     counter.store(
         counter.load(Ordering::Relaxed).wrapping_add(n),

@@ -119,6 +119,7 @@ impl Deferred {
     }
 
     /// Moves what `out` collected (wakers, released payloads) in here.
+    #[inline]
     pub(crate) fn take_from(&mut self, out: &mut Completed<Payload>) {
         // Each list only if it holds something (most calls move nothing).
         if !out.wakers.is_empty() {
@@ -133,11 +134,15 @@ impl Deferred {
     }
 
     /// Moves queue pairs to ERR, wakes and drops. Call without the lock.
+    #[inline]
     pub(crate) fn run(&mut self) {
-        if !self.touched {
-            // Nothing was ever put in (most polls).
-            return;
+        if self.touched {
+            self.run_lists();
         }
+        // Else nothing was ever put in (most polls): no call.
+    }
+
+    fn run_lists(&mut self) {
         // Each list is looked at only if it holds something: a drain's setup and drop cost
         // instructions.
         if !self.to_error.is_empty() {
@@ -181,12 +186,18 @@ impl ToError {
 }
 
 impl Drop for Deferred {
+    #[inline]
     fn drop(&mut self) {
-        if !self.touched {
-            // Every list is empty and was never put to use: no memory to free.
-            return;
+        if self.touched {
+            self.drop_lists();
         }
-        self.run();
+        // Else every list is empty and was never put to use: no memory to free, no call.
+    }
+}
+
+impl Deferred {
+    fn drop_lists(&mut self) {
+        self.run_lists();
         // Their memory, if they spilled to the heap (each taken out, leaving an empty list
         // that holds none, and dropped).
         drop(std::mem::take(&mut *self.wakers));

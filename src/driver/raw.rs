@@ -198,6 +198,7 @@ impl<B: Send + 'static> RawOp<B> {
             }
             RawState::Done => panic!("operation future polled after completion"),
         };
+        let just_posted = posted_under.is_some();
         let mut st = posted_under.unwrap_or_else(|| shared.lock());
         if !flushed {
             post::post(&mut st, &shared.counters, cfg.qp, &mut wake);
@@ -206,7 +207,6 @@ impl<B: Send + 'static> RawOp<B> {
         // Posted now (straight away, or from the queue just above; a full queue posts it as
         // room frees, which no poll of this task can hasten).
         posted(shared, unposted);
-        let mut res = st.core.poll_result(wr_id, None);
         // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
         // (a runtime round trip per empty poll costs several times the poll itself); the lock
         // is released between polls, so other threads post and poll meanwhile.
@@ -214,6 +214,14 @@ impl<B: Send + 'static> RawOp<B> {
             0
         } else {
             waiter.in_place_polls(shared)
+        };
+        // A request posted by this very poll, under the lock still held, has no outcome yet
+        // unless posting it failed (the core then records the failure as its outcome): when
+        // the CQ is to be polled anyway, the first look at the table comes after that poll.
+        let mut res = if just_posted && polls > 0 {
+            Poll::Pending
+        } else {
+            st.core.poll_result(wr_id, None)
         };
         let mut n = 0;
         while res.is_pending() && n < polls {
@@ -321,6 +329,7 @@ fn submit<'s>(
 
 /// The operation no longer waits to be posted (it was, or it never will be): it stops holding
 /// back the in-place spins of the futures beside it ([`Shared::unposted`]). Once per future.
+#[inline]
 fn posted(shared: &Shared, unposted: &mut bool) {
     if std::mem::take(unposted) {
         shared.unposted.fetch_sub(1, Ordering::Relaxed);

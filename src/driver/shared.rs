@@ -124,6 +124,7 @@ impl Shared {
     /// applied yet raises an event, and the task applies it and wakes its waiter; a future
     /// polled after that wake-up finds its outcome without polling. An in-place poll would
     /// (nearly) always find nothing. Without the task (its runtime gone) futures poll.
+    #[inline]
     pub(crate) fn polls_in_place(&self) -> bool {
         self.mode != CompletionMode::Event || self.stopped.load(Ordering::Acquire)
     }
@@ -136,6 +137,7 @@ impl Shared {
     /// self-wake and a task poll, several times the poll itself), and adaptive mode's round
     /// trip was 38-64 µs against busy mode's 23-52 µs in the same VM; with the slice, 21.6-27.4
     /// µs (docs/benchmarks-speed-2.md).
+    #[inline]
     pub(crate) fn in_place_polls(&self) -> u32 {
         match self.mode {
             _ if !self.polls_in_place() => 0,
@@ -144,6 +146,7 @@ impl Shared {
         }
     }
 
+    #[inline]
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves the core consistent enough to keep resolving
         // operations; never propagate poisoning into every future.

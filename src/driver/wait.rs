@@ -48,6 +48,7 @@ pub(crate) struct Waiter {
 impl Waiter {
     /// The operation was posted now (starts its latency sample). Only the adaptive mode
     /// reads the samples, so only it pays for the clock reads.
+    #[inline]
     pub(crate) fn start(&mut self, shared: &Shared) {
         if self.since.is_none() && matches!(shared.mode, CompletionMode::Adaptive { .. }) {
             self.since = Some(Instant::now());
@@ -67,6 +68,7 @@ impl Waiter {
     /// busy round trip under callgrind, about 1,200 instructions). A connection's waits
     /// (`conn::progress`) spin their full count from the first poll: its message sends are
     /// posted before it waits.
+    #[inline]
     pub(crate) fn in_place_polls(&mut self, shared: &Shared) -> u32 {
         let max = shared.in_place_polls();
         let n = if shared.unposted.load(Ordering::Relaxed) == 0 {
@@ -130,6 +132,7 @@ impl Waiter {
     /// round trip in busy mode, against 0.4-0.6 on the current-thread runtime). A sleeper
     /// joining at the same moment wakes the task itself (`sleeper_joined`); a wake-up lost
     /// to that race costs at most the task's stale check (`STALE_SPIN_CHECK`), never a hang.
+    #[inline]
     pub(crate) fn done(&mut self, shared: &Shared, kind: WaitKind) {
         if let Some(since) = self.since.take() {
             shared
@@ -149,6 +152,7 @@ impl Waiter {
     }
 
     /// Stops spinning (the future is dropped, or goes to sleep).
+    #[inline]
     pub(crate) fn leave(&mut self, shared: &Shared) {
         if std::mem::take(&mut self.spinning) {
             shared.spinner_left();
@@ -161,6 +165,7 @@ impl Waiter {
 
 /// In-place polls of a wait's poll number `round` (from 0): 1, 4, 16, ... up to `max` (none
 /// if `max` is 0).
+#[inline]
 fn ramp(round: u8, max: u32) -> u32 {
     (1u32 << (2 * u32::from(round)).min(16)).min(max)
 }

@@ -46,6 +46,7 @@ pub(crate) const NO_LKEY: &str = "buffer has no lkey (a plain Vec or BytesMut is
     (`conn.pool()?.acquire(len)`; memory registered in any other protection domain is refused \
     too); on an AsyncQp use a pool or RegisteredBuffer of the queue pair's protection domain";
 
+#[inline]
 fn sge(ptr: *const u8, len: usize, lkey: Option<u32>) -> Result<Option<Sge>> {
     if len == 0 {
         return Ok(None);
@@ -133,6 +134,7 @@ pub(crate) fn target_list<T: SgTarget>(dst: &mut T, max_sge: u32) -> Result<SgLi
     Ok(l)
 }
 
+#[inline]
 fn check_count(n: usize, max_sge: u32) -> Result<()> {
     if n > max_sge as usize {
         return Err(Error::InvalidArgument(format!(

@@ -33,11 +33,13 @@ impl QpKey {
     }
 
     /// The dense index of this queue pair (for side tables: compare the whole key too).
+    #[inline]
     pub(crate) fn index(self) -> usize {
         (self.0 & Self::INDEX_MASK) as usize
     }
 
     /// The generation of the index.
+    #[inline]
     pub(crate) fn generation(self) -> u16 {
         ((self.0 >> Self::INDEX_BITS) & Self::GEN_MASK) as u16
     }

@@ -32,6 +32,7 @@ impl Default for SgList {
 
 impl SgList {
     /// An empty list (zero-length transfers).
+    #[inline]
     pub const fn new() -> SgList {
         SgList {
             len: 0,
@@ -50,6 +51,7 @@ impl SgList {
     }
 
     /// Appends an entry (spilling to the heap past [`INLINE_SGES`]).
+    #[inline]
     pub fn push(&mut self, sge: Sge) {
         if self.len < INLINE_SGES {
             self.inline[self.len] = sge;
@@ -63,6 +65,7 @@ impl SgList {
     }
 
     /// Number of entries.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -73,6 +76,7 @@ impl SgList {
     }
 
     /// The entries.
+    #[inline]
     pub fn as_slice(&self) -> &[Sge] {
         if self.len <= INLINE_SGES {
             &self.inline[..self.len]
@@ -82,6 +86,7 @@ impl SgList {
     }
 
     /// Total bytes.
+    #[inline]
     pub fn total_len(&self) -> u64 {
         self.as_slice().iter().map(|s| u64::from(s.length())).sum()
     }
@@ -115,6 +120,7 @@ impl WorkRequest {
     }
 
     /// A send-queue request that takes `sges` as it is (no copy of the list).
+    #[inline]
     pub fn send_list(op: SendOp, sges: SgList) -> WorkRequest {
         WorkRequest {
             queue: Queue::Send,
@@ -126,6 +132,7 @@ impl WorkRequest {
     }
 
     /// A receive request that takes `sges` as it is.
+    #[inline]
     pub fn recv_list(sges: SgList) -> WorkRequest {
         WorkRequest {
             queue: Queue::Recv,

@@ -119,12 +119,14 @@ impl MemoryRegion {
     }
 
     /// Start address of the region.
+    #[inline]
     pub fn addr(&self) -> u64 {
         // SAFETY: the MR is alive; `addr` is a plain field set at registration.
         unsafe { (*self.mr.as_ptr()).addr as u64 }
     }
 
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         // SAFETY: as above.
         unsafe { (*self.mr.as_ptr()).length }
@@ -136,12 +138,14 @@ impl MemoryRegion {
     }
 
     /// The local key, used in scatter/gather entries.
+    #[inline]
     pub fn lkey(&self) -> u32 {
         // SAFETY: as above.
         unsafe { (*self.mr.as_ptr()).lkey }
     }
 
     /// The remote key. Give it only to peers that should access the region; it is a capability.
+    #[inline]
     pub fn rkey(&self) -> u32 {
         // SAFETY: as above.
         unsafe { (*self.mr.as_ptr()).rkey }
@@ -251,11 +255,13 @@ impl RegisteredBuffer {
         }
     }
 
+    #[inline]
     fn mr(&self) -> &MemoryRegion {
         self.mr.as_ref().expect("registered until drop")
     }
 
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.layout.size()
     }
@@ -266,16 +272,19 @@ impl RegisteredBuffer {
     }
 
     /// Start address, as the device sees it.
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
     }
 
     /// The local key.
+    #[inline]
     pub fn lkey(&self) -> u32 {
         self.mr().lkey()
     }
 
     /// The remote key (a capability: share only with the intended peer).
+    #[inline]
     pub fn rkey(&self) -> u32 {
         self.mr().rkey()
     }

@@ -22,16 +22,19 @@ impl Sge {
     });
 
     /// An entry covering `length` bytes at `addr` of the region with local key `lkey`.
+    #[inline]
     pub fn new(addr: u64, length: u32, lkey: u32) -> Sge {
         Sge(sys::ibv_sge { addr, length, lkey })
     }
 
     /// Start address.
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.0.addr
     }
 
     /// Length in bytes.
+    #[inline]
     pub fn length(&self) -> u32 {
         self.0.length
     }
