@@ -25,7 +25,7 @@ use tokio::time::Sleep;
 use tracing::{debug, error, trace, warn};
 
 use super::deferred::Deferred;
-use super::latency::{WaitKind, spin_budget};
+use super::latency::WaitKind;
 use super::options::CompletionMode;
 use super::shared::Shared;
 use super::state::{LAST_WQE_WAIT, QpEntry};
@@ -145,7 +145,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                     idle_rounds < TASK_SPIN_ROUNDS && shared.has_outstanding()
                 }
                 CompletionMode::Adaptive { max_spin } => {
-                    let budget = spin_budget(shared.latency.estimate(WaitKind::Send), max_spin);
+                    let budget = shared.latency.plain_budget(WaitKind::Send, max_spin);
                     watched.elapsed() < budget && shared.has_outstanding()
                 }
                 CompletionMode::Event => false,

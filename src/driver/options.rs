@@ -25,8 +25,9 @@ pub enum CompletionMode {
     /// against 19.5 µs median; docs/architecture.md, "Waiting").
     BusyPoll,
     /// Hybrid polling (the default): spin for about twice the moving average of observed
-    /// completion latency (at least a few microseconds, at most `max_spin`), then sleep as in
-    /// `Event`; when the average exceeds `max_spin` (a slow peer), sleep at once.
+    /// completion latency, or up to its estimated 99th percentile where waits scatter (at
+    /// least a few microseconds, at most `max_spin`), then sleep as in `Event`; when the
+    /// average exceeds `max_spin` (a slow peer), sleep at once.
     Adaptive {
         /// The longest a future spins before sleeping (default 2 ms: spinning pays while a
         /// wait is shorter than an event's wake-up, which on soft-RoCE under emulation costs

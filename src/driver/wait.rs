@@ -7,7 +7,8 @@
 //! * [`CompletionMode::Adaptive`] (hybrid polling, as Linux blk-mq does for fast devices): the
 //!   driver keeps a moving average of how long operations take to complete, separately for
 //!   the send queue (bounded by the network) and for receives (bounded by the peer). A future
-//!   spins for up to twice the average plus a small floor, capped at `max_spin`, then sleeps;
+//!   spins for up to the larger of twice the average and an estimate of the 99th percentile
+//!   of waits, plus a small floor, capped at `max_spin`, then sleeps;
 //!   when the average itself exceeds `max_spin` (a peer that answers slowly), it sleeps at
 //!   once, since spinning would mostly be wasted, except one wait in
 //!   [`PROBE_EVERY`](super::latency::PROBE_EVERY), which spins `max_spin` to find out whether
