@@ -595,7 +595,23 @@ impl QueuePair {
     /// [`Error::PostSend`] with the index of the first request that was not posted (earlier
     /// ones were) and the returned error code (`ENOMEM`: send queue full; `EINVAL`: bad request).
     pub unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        if wrs.is_empty() {
+        let one = match wrs {
+            [] => return Ok(()),
+            [one] => Some(one.raw()),
+            _ => None,
+        };
+        if let Some(mut raw) = one {
+            // A lone request (every latency-bound operation): no chain to build.
+            let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: `raw` is a valid request whose `next` is NULL (`raw()` leaves it so),
+            // living until the call returns; the caller guarantees the memory the SGEs name.
+            let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut raw, &mut bad) };
+            if rc != 0 {
+                return Err(Error::code(rc, |source| Error::PostSend {
+                    bad_index: 0,
+                    source,
+                }));
+            }
             return Ok(());
         }
         let link = |w: &mut sys::ibv_send_wr, next| w.next = next;

@@ -209,7 +209,7 @@ impl<'a> SendWr<'a> {
         self.len() == 0
     }
 
-    /// Fills a raw `ibv_send_wr` (without its `next` link).
+    /// Fills a raw `ibv_send_wr`, its `next` link NULL.
     pub(crate) fn raw(&self) -> sys::ibv_send_wr {
         let mut raw = sys::ibv_send_wr {
             wr_id: self.wr_id,
@@ -352,7 +352,21 @@ pub(crate) unsafe fn post_recv_chain(
     wrs: &[RecvWr<'_>],
     post: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32,
 ) -> Result<()> {
-    if wrs.is_empty() {
+    let one = match wrs {
+        [] => return Ok(()),
+        [one] => Some(one.raw()),
+        _ => None,
+    };
+    if let Some(mut raw) = one {
+        // A lone request: no chain to build (`raw()` leaves `next` NULL).
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        let rc = post(&mut raw, &mut bad);
+        if rc != 0 {
+            return Err(Error::code(rc, |source| Error::PostRecv {
+                bad_index: 0,
+                source,
+            }));
+        }
         return Ok(());
     }
     let mut stack = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); STACK_CHAIN];
@@ -407,6 +421,7 @@ mod tests {
         .inline(true);
         assert_eq!(wr.len(), 16);
         let raw = wr.raw();
+        assert!(raw.next.is_null(), "a lone request is posted as it is");
         assert_eq!(raw.opcode, sys::IBV_WR_RDMA_WRITE_WITH_IMM);
         assert_eq!(raw.num_sge, 2);
         assert_eq!(
