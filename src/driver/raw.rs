@@ -216,9 +216,10 @@ impl<B: Send + 'static> RawOp<B> {
             waiter.in_place_polls(shared)
         };
         // A request posted by this very poll, under the lock still held, has no outcome yet
-        // unless posting it failed (the core then records the failure as its outcome): when
-        // the CQ is to be polled anyway, the first look at the table comes after that poll.
-        let mut res = if just_posted && polls > 0 {
+        // unless posting it failed (the core then records the failure as its outcome): its
+        // first look at the table comes after the CQ poll, or, for a wait that sleeps at once,
+        // with the registration of its waker (which reports such a failure as well).
+        let mut res = if just_posted {
             Poll::Pending
         } else {
             st.core.poll_result(wr_id, None)
@@ -235,6 +236,17 @@ impl<B: Send + 'static> RawOp<B> {
             add_held(&shared.counters.polled_in_place, 1, &st);
             shared.poll_cq(&mut st, &mut wake);
             res = st.core.poll_result(wr_id, None);
+        }
+        let mut spin = false;
+        if res.is_pending() && !starting {
+            // With the completion task gone (its runtime shut down) nobody would wake a
+            // sleeper: keep polling in place until the flush completion arrives.
+            spin = waiter.keep_spinning(shared, *kind) || shared.stopped.load(Ordering::Acquire);
+            if !spin {
+                // Sleep: the waker is registered under the lock, so a completion applied by
+                // anyone after this point wakes us.
+                res = st.core.poll_result(wr_id, Some(cx));
+            }
         }
         if let Poll::Ready(outcome) = res {
             drop(st);
@@ -257,24 +269,10 @@ impl<B: Send + 'static> RawOp<B> {
                 }
             };
         }
-        if starting {
-            // Posted, and nobody waits yet: neither a spinner nor a sleeper until the first
-            // real poll. (Joining and leaving the spinners here would hand the CQ to the
-            // completion task, which arms it: a system call and a CQ event per operation
-            // that `start` posts, for nothing.)
-            drop(st);
-            wake.run();
-            return Poll::Pending;
-        }
-        // With the completion task gone (its runtime shut down) nobody would wake a sleeper:
-        // keep polling in place until the flush completion arrives.
-        let spin = waiter.keep_spinning(shared, *kind) || shared.stopped.load(Ordering::Acquire);
-        if !spin {
-            // Sleep: the waker is registered under the lock, so a completion applied by anyone
-            // after this point wakes us.
-            let registered = st.core.poll_result(wr_id, Some(cx));
-            debug_assert!(registered.is_pending());
-        }
+        // Pending. `start`'s poll (`starting`) neither spins nor sleeps: nobody waits until the
+        // first real poll (joining and leaving the spinners would hand the CQ to the
+        // completion task, which arms it: a system call and a CQ event per operation that
+        // `start` posts, for nothing).
         drop(st);
         wake.run();
         if spin {
