@@ -134,11 +134,13 @@ fn check_region(
     Ok(())
 }
 
-/// A degraded-wire scenario: `n` checked messages each way in chunks of `chunk` bytes, and
+/// A degraded-wire scenario: `n` checked messages each way (sequence numbers `first..first + n`,
+/// so sizes by [`stream::SIZES`] from `first` on) in chunks of `chunk` bytes, and
 /// `os` one-sided write+read rounds of `os_len` bytes each way, at once, with `netem` on both
 /// sides' egress.
 pub struct Wire<'a> {
     pub netem: &'a [&'a str],
+    pub first: u64,
     pub n: u64,
     pub chunk: u32,
     pub os: (u64, usize),
@@ -155,12 +157,12 @@ pub async fn stream(ctx: &mut Ctx, w: Wire<'_>) -> Result<String, String> {
     args.extend_from_slice(w.netem);
     ctx.fault(Side::A, &args).await?;
     let (mine, theirs) = (my_stream(ctx), peer_stream(ctx));
-    let (c, n) = (Counts::default(), w.n);
+    let (c, first, end) = (Counts::default(), w.first, w.first + w.n);
     let c0 = ctl::hw_counters();
     let t0 = Instant::now();
     let (s, r, o) = tokio::join!(
-        stream::send_range(&conn, mine, 0, n, &c, OP_LIMIT),
-        stream::recv_range(&conn, theirs, 0, n, &c, OP_LIMIT, ctx.brk),
+        stream::send_range(&conn, mine, first, end, &c, OP_LIMIT),
+        stream::recv_range(&conn, theirs, first, end, &c, OP_LIMIT, ctx.brk),
         stream::one_sided(&conn, token, mine, w.os, &c, OP_LIMIT),
     );
     let secs = t0.elapsed().as_secs_f64();
