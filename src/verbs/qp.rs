@@ -2,7 +2,6 @@
 //! description, and posting.
 
 use std::fmt;
-use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -10,7 +9,7 @@ use super::cq::CompletionQueue;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
 use super::types::{AccessFlags, Gid, Mtu};
-use super::wr::{RecvWr, STACK_CHAIN, SendWr, bad_index, chain, post_recv_chain};
+use super::wr::{RecvWr, SendWr, post_chain};
 use crate::error::{Error, Result};
 use crate::sys;
 
@@ -595,51 +594,13 @@ impl QueuePair {
     /// [`Error::PostSend`] with the index of the first request that was not posted (earlier
     /// ones were) and the returned error code (`ENOMEM`: send queue full; `EINVAL`: bad request).
     pub unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        let one = match wrs {
-            [] => return Ok(()),
-            [one] => Some(one.raw()),
-            _ => None,
+        let post = |head, bad: &mut _| {
+            // SAFETY: the QP is alive; the list is valid, NULL-terminated and lives until the
+            // call returns (`post_chain`).
+            unsafe { sys::ibv_post_send(self.as_ptr(), head, bad) }
         };
-        if let Some(mut raw) = one {
-            // A lone request (every latency-bound operation): no chain to build.
-            let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-            // SAFETY: `raw` is a valid request whose `next` is NULL (`raw()` leaves it so),
-            // living until the call returns; the caller guarantees the memory the SGEs name.
-            let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut raw, &mut bad) };
-            if rc != 0 {
-                return Err(Error::code(rc, |source| Error::PostSend {
-                    bad_index: 0,
-                    source,
-                }));
-            }
-            return Ok(());
-        }
-        let link = |w: &mut sys::ibv_send_wr, next| w.next = next;
-        let mut stack = [MaybeUninit::<sys::ibv_send_wr>::uninit(); STACK_CHAIN];
-        let mut heap = Vec::new();
-        let list: &mut [sys::ibv_send_wr] = if wrs.len() <= STACK_CHAIN {
-            for (slot, wr) in stack.iter_mut().zip(wrs) {
-                slot.write(wr.raw());
-            }
-            // SAFETY: the first `wrs.len()` slots were initialised just above.
-            unsafe { std::slice::from_raw_parts_mut(stack.as_mut_ptr().cast(), wrs.len()) }
-        } else {
-            heap.extend(wrs.iter().map(SendWr::raw));
-            &mut heap
-        };
-        let head = chain(list, link);
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: `head` is a valid NULL-terminated list living until the call returns; the
-        // caller guarantees the memory the SGEs name.
-        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), head, &mut bad) };
-        if rc != 0 {
-            let bad_index = bad_index(head, bad, wrs.len());
-            return Err(Error::code(rc, |source| Error::PostSend {
-                bad_index,
-                source,
-            }));
-        }
-        Ok(())
+        // SAFETY: the caller's contract covers the memory the requests name.
+        unsafe { post_chain(wrs, post) }
     }
 
     /// Posts receive work requests as one chained list.
@@ -659,7 +620,7 @@ impl QueuePair {
             unsafe { sys::ibv_post_recv(self.as_ptr(), head, bad) }
         };
         // SAFETY: the caller's contract covers the memory the requests name.
-        unsafe { post_recv_chain(wrs, post) }
+        unsafe { post_chain(wrs, post) }
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {
@@ -706,6 +667,7 @@ impl fmt::Debug for QueuePair {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::wr::bad_index;
 
     #[test]
     fn endpoint_round_trip_and_validation() {

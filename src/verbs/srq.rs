@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::pd::ProtectionDomain;
 use super::wr::RecvWr;
-use super::wr::post_recv_chain;
+use super::wr::post_chain;
 use crate::error::{Error, Result};
 use crate::sys;
 
@@ -143,7 +143,7 @@ impl SharedReceiveQueue {
             unsafe { sys::ibv_post_srq_recv(self.as_ptr(), head, bad) }
         };
         // SAFETY: the caller's contract covers the memory the requests name.
-        unsafe { post_recv_chain(wrs, post) }
+        unsafe { post_chain(wrs, post) }
     }
 
     /// Arms the limit: one `IBV_EVENT_SRQ_LIMIT_REACHED` asynchronous event (element

@@ -342,16 +342,67 @@ pub(crate) fn chain<T>(storage: &mut [T], mut link: impl FnMut(&mut T, *mut T)) 
     base
 }
 
-/// Chains `wrs` (on the stack up to `STACK_CHAIN`) and hands the head to `post` (a queue
-/// pair's or a shared receive queue's `post_recv`, returning its code).
+/// A work request that posts as a chained list: its C form, the form's `next` link, and the
+/// error naming the first request a failed post did not take.
+pub(crate) trait Chained {
+    /// The C request (`ibv_send_wr`, `ibv_recv_wr`), its `next` left NULL by [`raw`](Self::raw).
+    type Raw;
+    fn raw(&self) -> Self::Raw;
+    fn link(raw: &mut Self::Raw, next: *mut Self::Raw);
+    fn post_error(bad_index: usize, source: std::io::Error) -> Error;
+}
+
+impl Chained for SendWr<'_> {
+    type Raw = sys::ibv_send_wr;
+
+    #[inline]
+    fn raw(&self) -> sys::ibv_send_wr {
+        SendWr::raw(self)
+    }
+
+    #[inline]
+    fn link(raw: &mut sys::ibv_send_wr, next: *mut sys::ibv_send_wr) {
+        raw.next = next;
+    }
+
+    fn post_error(bad_index: usize, source: std::io::Error) -> Error {
+        Error::PostSend { bad_index, source }
+    }
+}
+
+impl Chained for RecvWr<'_> {
+    type Raw = sys::ibv_recv_wr;
+
+    #[inline]
+    fn raw(&self) -> sys::ibv_recv_wr {
+        RecvWr::raw(self)
+    }
+
+    #[inline]
+    fn link(raw: &mut sys::ibv_recv_wr, next: *mut sys::ibv_recv_wr) {
+        raw.next = next;
+    }
+
+    fn post_error(bad_index: usize, source: std::io::Error) -> Error {
+        Error::PostRecv { bad_index, source }
+    }
+}
+
+/// Hands `wrs` to `post` (a queue pair's `ibv_post_send` or `ibv_post_recv`, or a shared
+/// receive queue's `ibv_post_srq_recv`, returning its code) as one NULL-terminated list: a
+/// lone request (every latency-bound operation) as it is, more chained on the stack up to
+/// `STACK_CHAIN`, beyond that in a `Vec`.
 ///
 /// # Safety
 ///
-/// As [`QueuePair::post_recv`](super::QueuePair::post_recv): the memory of every request stays valid until its completion.
-pub(crate) unsafe fn post_recv_chain(
-    wrs: &[RecvWr<'_>],
-    post: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32,
+/// As [`QueuePair::post_send`](super::QueuePair::post_send) and
+/// [`QueuePair::post_recv`](super::QueuePair::post_recv): the memory of every request stays
+/// valid until its completion.
+pub(crate) unsafe fn post_chain<W: Chained>(
+    wrs: &[W],
+    post: impl FnOnce(*mut W::Raw, &mut *mut W::Raw) -> i32,
 ) -> Result<()> {
+    let mut bad: *mut W::Raw = std::ptr::null_mut();
     let one = match wrs {
         [] => return Ok(()),
         [one] => Some(one.raw()),
@@ -359,37 +410,30 @@ pub(crate) unsafe fn post_recv_chain(
     };
     if let Some(mut raw) = one {
         // A lone request: no chain to build (`raw()` leaves `next` NULL).
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
         let rc = post(&mut raw, &mut bad);
         if rc != 0 {
-            return Err(Error::code(rc, |source| Error::PostRecv {
-                bad_index: 0,
-                source,
-            }));
+            return Err(Error::code(rc, |source| W::post_error(0, source)));
         }
         return Ok(());
     }
-    let mut stack = [MaybeUninit::<sys::ibv_recv_wr>::uninit(); STACK_CHAIN];
+    let mut stack: [MaybeUninit<W::Raw>; STACK_CHAIN] =
+        [const { MaybeUninit::uninit() }; STACK_CHAIN];
     let mut heap = Vec::new();
-    let list: &mut [sys::ibv_recv_wr] = if wrs.len() <= STACK_CHAIN {
+    let list: &mut [W::Raw] = if wrs.len() <= STACK_CHAIN {
         for (slot, wr) in stack.iter_mut().zip(wrs) {
             slot.write(wr.raw());
         }
         // SAFETY: the first `wrs.len()` slots were initialised just above.
         unsafe { std::slice::from_raw_parts_mut(stack.as_mut_ptr().cast(), wrs.len()) }
     } else {
-        heap.extend(wrs.iter().map(RecvWr::raw));
+        heap.extend(wrs.iter().map(W::raw));
         &mut heap
     };
-    let head = chain(list, |w, next| w.next = next);
-    let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+    let head = chain(list, W::link);
     let rc = post(head, &mut bad);
     if rc != 0 {
         let bad_index = bad_index(head, bad, wrs.len());
-        return Err(Error::code(rc, |source| Error::PostRecv {
-            bad_index,
-            source,
-        }));
+        return Err(Error::code(rc, |source| W::post_error(bad_index, source)));
     }
     Ok(())
 }
