@@ -151,17 +151,18 @@ pub async fn client(
     let msg = Payload::new(conn, cfg, size).await?;
     match cfg.test {
         Test::MsgLat => {
+            // One clock read per round trip, as perftest's (crate::run::Lap).
+            let mut clock = crate::run::Lap::start();
             for k in 0..cfg.warmup + cfg.iters {
                 mark(k);
-                let t = Instant::now();
                 msg.send(conn).await?;
                 let pong = conn.recv().await?.ok_or("the server closed early")?;
-                let rtt = t.elapsed();
+                let rtt = clock.lap();
                 if pong.len() != size {
                     return Err(format!("pong of {} bytes, expected {size}", pong.len()).into());
                 }
-                // Dropping the pong returns its credit (outside the timed part, as perftest
-                // re-posts its receive after taking the time).
+                // Dropping the pong returns its credit: in the next sample, as perftest's
+                // re-post of its receive falls between two of its stamps.
                 drop(pong);
                 if k >= cfg.warmup {
                     samples.push(us(rtt) / 2.0);

@@ -72,6 +72,27 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+/// Latency loops read the clock once per iteration, as perftest does (`get_cycles()` before
+/// each post, samples the differences of consecutive stamps): a sample is the whole
+/// iteration, the loop's own bookkeeping included, and an operation pays one
+/// `Instant::now`, not two (a pair cost ~260 instructions per operation in the callgrind
+/// counts of `scripts/bench-insn`, against perftest's two `rdtsc`s).
+pub struct Lap(Instant);
+
+impl Lap {
+    pub fn start() -> Lap {
+        Lap(Instant::now())
+    }
+
+    /// The time since the previous lap (or the start); starts the next.
+    pub fn lap(&mut self) -> Duration {
+        let now = Instant::now();
+        let d = now - self.0;
+        self.0 = now;
+        d
+    }
+}
+
 /// Client side of one size.
 pub async fn client_case(
     ctrl: &mut Ctrl,
@@ -166,16 +187,16 @@ async fn async_client(
         Test::WriteLat => {
             let mut src = local_buf(side, size)?;
             let remote = side.remote[0].slice(0..size as u64)?;
+            let mut clock = Lap::start();
             for k in 0..total {
                 mark(k);
                 let m = marker(k);
                 src.as_mut_slice().expect("local")[size - 1] = m;
-                let t = Instant::now();
                 let ((res, s), ()) = tokio::join!(
                     qp.write(src.slice(0..size), remote),
                     wait_byte(&side.exposed[0], size - 1, m)
                 );
-                let rtt = t.elapsed();
+                let rtt = clock.lap();
                 res?;
                 src = s.into_inner();
                 if k >= cfg.warmup {
@@ -191,15 +212,15 @@ async fn async_client(
             // box or waker needed.
             let mut recv = qp.recv(rx);
             recv.start();
+            let mut clock = Lap::start();
             for k in 0..total {
                 mark(k);
-                let t = Instant::now();
                 // The send first, as perftest posts it first: once it is out, nothing waits
                 // to be posted and both waits spin their full count at once (polled first,
                 // the receive's first poll would poll once and yield, a runtime round per
                 // round trip, for the send not yet posted beside it).
                 let ((sres, s), (rres, rx)) = tokio::join!(qp.send(src.slice(0..size)), &mut recv);
-                let rtt = t.elapsed();
+                let rtt = clock.lap();
                 sres?;
                 let info = rres?;
                 if info.len != size {
@@ -220,11 +241,11 @@ async fn async_client(
         Test::ReadLat => {
             let mut dst = local_buf(side, size)?;
             let remote = side.remote[0].slice(0..size as u64)?;
+            let mut clock = Lap::start();
             for k in 0..total {
                 mark(k);
-                let t = Instant::now();
                 let (res, d) = qp.read(dst.slice(0..size), remote).await;
-                let took = t.elapsed();
+                let took = clock.lap();
                 res?;
                 dst = d.into_inner();
                 if k >= cfg.warmup {
