@@ -75,8 +75,9 @@ fn us(d: Duration) -> f64 {
 /// Latency loops read the clock once per iteration, as perftest does (`get_cycles()` before
 /// each post, samples the differences of consecutive stamps): a sample is the whole
 /// iteration, the loop's own bookkeeping included, and an operation pays one
-/// `Instant::now`, not two (a pair cost ~260 instructions per operation in the callgrind
-/// counts of `scripts/bench-insn`, against perftest's two `rdtsc`s).
+/// `Instant::now`, not two (one costs ~50 instructions in the callgrind counts of
+/// `scripts/bench-insn`: its "clock" stage of `read_lat` went from 122 to 69 per operation;
+/// perftest's `rdtsc` costs one).
 pub struct Lap(Instant);
 
 impl Lap {
