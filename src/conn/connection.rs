@@ -147,7 +147,8 @@ impl Connection {
                     rdv_threshold: opts.rendezvous_threshold,
                     srq,
                 },
-                ConnProto::new(cfg, Instant::now()),
+                // Sends wait for RTS: the passive side's receives complete from RTR on.
+                ConnProto::opening(cfg, Instant::now()),
                 me.clone(),
             )
         });
@@ -196,6 +197,9 @@ impl Connection {
             memory,
             obs,
         });
+        // The queue pair is in RTS: what the state machine held back (credit returns for
+        // messages that arrived meanwhile) goes out now.
+        shared.io.with(|s| s.proto.established(Instant::now()));
         if parts.peer_gone {
             shared.io.with(|s| s.in_error = true);
             shared.qp.force_error(crate::QpFailure::Disconnected);

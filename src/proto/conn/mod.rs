@@ -138,6 +138,11 @@ pub struct ConnProto<B> {
     /// earlier since the shell last took this flag (see
     /// [`take_deadline_moved`](ConnProto::take_deadline_moved)).
     deadline_moved: bool,
+    /// The handshake is not done yet: the queue pair may still be in RTR (the passive side
+    /// accepted, and the client's messages may arrive, before `ESTABLISHED` moves it to
+    /// RTS), where a send cannot be posted. Control messages wait until
+    /// [`established`](ConnProto::established).
+    opening: bool,
     counters: ConnCounters,
 }
 
@@ -182,8 +187,32 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             wakers: Vec::with_capacity(WAKERS_RESERVED),
             driver_kick: false,
             deadline_moved: true,
+            opening: false,
             counters: ConnCounters::default(),
         }
+    }
+
+    /// A connection whose handshake is not done yet, at time `now`: as [`new`](Self::new)
+    /// (its first receives are due), but it hands out no control message (credit returns,
+    /// keepalives, error reports for what the peer sent meanwhile) until
+    /// [`established`](Self::established): its receives may complete while the queue pair
+    /// cannot send yet.
+    pub fn opening(cfg: ConnConfig, now: Instant) -> ConnProto<B> {
+        let mut p = Self::new(cfg, now);
+        p.opening = true;
+        p
+    }
+
+    /// The handshake is done (the queue pair can send): control messages held since
+    /// [`opening`](Self::opening) are due, and the keepalive counts from `now`. Idempotent.
+    pub fn established(&mut self, now: Instant) {
+        if !std::mem::take(&mut self.opening) {
+            return;
+        }
+        self.last_heard = self.last_heard.max(now);
+        self.next_keepalive = self.cfg.keepalive.map(|k| now + k);
+        self.deadline_moved = true;
+        self.kick();
     }
 
     /// The configuration.
@@ -250,21 +279,22 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
 
     /// Whether [`poll_transmit`](Self::poll_transmit) has nothing to do: it would return
     /// `None` and change no state. A conservative test (the randomized tests check it against
-    /// `poll_transmit`): the connection is open and not failed, and no control message is due
-    /// or blocked.
+    /// `poll_transmit`): the handshake is not done yet (nothing goes out), or the connection
+    /// is open and not failed, and no control message is due or blocked.
     pub fn transmit_idle(&self) -> bool {
-        self.failure.is_none()
-            && self.pending_error.is_none()
-            && !self.local_closed
-            && !self.close_done
-            && !self.rx.peer_closed
-            && !self.pending_abort
-            && !self.keepalive_due
-            && self.ctrl_blocked_since.is_none()
-            && self.rx.rdv.ack_due().is_none()
-            && !self.credits.credit_message_due()
-            && !self.credits.confirm_due()
-            && !self.eos_confirm_due()
+        self.opening
+            || (self.failure.is_none()
+                && self.pending_error.is_none()
+                && !self.local_closed
+                && !self.close_done
+                && !self.rx.peer_closed
+                && !self.pending_abort
+                && !self.keepalive_due
+                && self.ctrl_blocked_since.is_none()
+                && self.rx.rdv.ack_due().is_none()
+                && !self.credits.credit_message_due()
+                && !self.credits.confirm_due()
+                && !self.eos_confirm_due())
     }
 
     /// Whether [`poll_timeout`](Self::poll_timeout) may be earlier than it was when this was
@@ -449,6 +479,9 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// The next control message to post, if one is due and the control window has room: a
     /// pending error report, an abort, end of stream, a keepalive, or a credit return.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if self.opening {
+            return None;
+        }
         self.note_close_wait(now);
         if let Some(e) = self.pending_error {
             if self.error_sent || self.error_abandoned {

@@ -78,6 +78,9 @@ struct Side {
     rdv: Rdv,
     /// The deadline when the shell last took it (see `check_deadline`).
     deadline: Option<Instant>,
+    /// The handshake is not done on this side yet (`ConnProto::opening`): the peer may send,
+    /// this side's application has no connection yet, and nothing may go out.
+    opening: bool,
 }
 
 struct Sim {
@@ -123,6 +126,7 @@ impl Sim {
             saw_eof: false,
             rdv: Rdv::default(),
             deadline: None,
+            opening: false,
         };
         let mut sides = [side(), side()];
         for s in &mut sides {
@@ -138,6 +142,25 @@ impl Sim {
             wire: [VecDeque::new(), VecDeque::new()],
             acks: [VecDeque::new(), VecDeque::new()],
             cfg,
+        }
+    }
+
+    /// Side 1 is the passive side whose receives complete before its queue pair reaches
+    /// RTS: a random step of [`step`](Self::step) (or the drain) establishes it.
+    fn with_late_open(mut self) -> Sim {
+        let s = &mut self.sides[1];
+        s.proto = ConnProto::opening(self.cfg, self.now);
+        let n = s.proto.recvs_to_post();
+        s.rq = n;
+        s.proto.recvs_posted(n);
+        s.opening = true;
+        self
+    }
+
+    fn establish(&mut self, i: usize) {
+        let s = &mut self.sides[i];
+        if std::mem::take(&mut s.opening) {
+            s.proto.established(self.now);
         }
     }
 
@@ -226,6 +249,7 @@ impl Sim {
         s.rq += n;
         s.proto.recvs_posted(n);
         while let Some(t) = s.proto.poll_transmit_checked(self.now) {
+            assert!(!s.opening, "{t:?} handed out before the handshake was done");
             self.wire[i].push_back(Packet {
                 imm: t.imm,
                 payload: Vec::new(),
@@ -375,17 +399,23 @@ impl Sim {
     }
 
     fn step(&mut self) {
+        if self.sides[1].opening && self.rng.chance(2) {
+            self.establish(1);
+        }
         let i = self.rng.below(2) as usize;
+        // An opening side has no application yet and no driver task (no timers): only
+        // completions and the completion handler's pump reach it.
+        let user = !self.sides[i].opening;
         match self.rng.below(20) {
-            0 | 1 => self.start_send(i),
-            2..=5 => self.poll_chunk(i),
-            6 if self.rng.chance(30) => self.cancel(i),
+            0 | 1 if user => self.start_send(i),
+            2..=5 if user => self.poll_chunk(i),
+            6 if user && self.rng.chance(30) => self.cancel(i),
             7 | 8 => self.drive(i),
             9..=11 => {
                 self.deliver(i);
             }
             12 | 13 => self.ack(i),
-            14 | 15 => {
+            14 | 15 if user => {
                 if self.sides[i].stalled == 0 {
                     if self.rng.chance(50) {
                         self.complete_fetch(i);
@@ -393,7 +423,7 @@ impl Sim {
                     self.read(i);
                 }
             }
-            16 => {
+            16 if user => {
                 if self.sides[i].stalled == 0 {
                     self.drop_held(i);
                 }
@@ -403,9 +433,10 @@ impl Sim {
                     self.sides[i].stalled = 200 + self.rng.below(800) as u32;
                 }
             }
+            0..=6 | 14..=16 => {}
             _ => {
                 self.now += Duration::from_millis(self.rng.below(20));
-                for s in &mut self.sides {
+                for s in self.sides.iter_mut().filter(|s| !s.opening) {
                     s.proto.handle_timeout(self.now);
                 }
             }
@@ -419,6 +450,7 @@ impl Sim {
 
     /// Everyone reads and finishes; nothing new starts. Must reach quiescence.
     fn drain(&mut self) {
+        self.establish(1);
         for s in &mut self.sides {
             s.stalled = 0;
         }
@@ -524,6 +556,11 @@ fn random_interleavings_deliver_exactly_the_committed_messages() {
                 ..config(credits, chunk)
             },
         );
+        // Every other run, side 1 receives before its handshake is done (the passive side's
+        // queue pair in RTR until `ESTABLISHED`).
+        if seed % 2 == 1 {
+            sim = sim.with_late_open();
+        }
         for _ in 0..3000 {
             sim.step();
         }
@@ -780,4 +817,39 @@ fn an_error_report_the_peer_never_takes_is_given_up_after_the_keepalive_timeout(
     p.handle_control_done(MsgKind::Error, Ok(()), t0);
     assert!(p.should_disconnect());
     assert_eq!(p.poll_timeout(), None);
+}
+
+#[test]
+fn an_opening_side_holds_its_control_messages_until_established() {
+    // The passive side's queue pair is in RTR until `ESTABLISHED`: the client's first messages
+    // complete there, and a credit return posted then fails (EINVAL) and kills the connection.
+    let cfg = config(8, 64);
+    let mut sim = Sim::new(3, cfg).with_late_open();
+    // The client sends what its credits allow (no credit comes back meanwhile).
+    for _ in 0..200 {
+        sim.start_send(0);
+        sim.poll_chunk(0);
+    }
+    assert!(sim.wire[0].len() >= 4, "{}", sim.describe());
+    while sim.deliver(0) {}
+    sim.drive(1);
+    assert!(
+        sim.sides[1].proto.credits().credit_message_due(),
+        "{}",
+        sim.describe()
+    );
+    assert!(sim.wire[1].is_empty(), "nothing goes out while opening");
+    assert!(sim.sides[1].proto.transmit_idle());
+    sim.establish(1);
+    assert!(
+        !sim.sides[1].proto.settled(),
+        "established: the shell must pump"
+    );
+    sim.drive(1);
+    assert!(
+        sim.wire[1].iter().any(|p| p.control.is_some()),
+        "the held credit return goes out once established"
+    );
+    sim.drain();
+    assert_eq!(sim.sides[1].delivered, sim.sides[0].committed);
 }
