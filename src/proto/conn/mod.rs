@@ -9,7 +9,9 @@
 //! * user calls: [`start_send`](ConnProto::start_send) / [`poll_chunk`](ConnProto::poll_chunk)
 //!   / [`cancel_send`](ConnProto::cancel_send), [`poll_recv`](ConnProto::poll_recv) /
 //!   [`consumed`](ConnProto::consumed), [`close`](ConnProto::close);
-//! * what happened: [`handle_recv`](ConnProto::handle_recv) (a receive completed),
+//! * what happened: [`established`](ConnProto::established) (the queue pair can send; a
+//!   connection made [`opening`](ConnProto::opening) sends no control message before),
+//!   [`handle_recv`](ConnProto::handle_recv) (a receive completed),
 //!   [`handle_control_done`](ConnProto::handle_control_done) (a control send completed),
 //!   [`handle_timeout`](ConnProto::handle_timeout), [`fail`](ConnProto::fail);
 //! * what to do next: [`recvs_to_post`](ConnProto::recvs_to_post) then
@@ -30,6 +32,10 @@
 //! * **No deadlock, no receiver-not-ready.** Control messages have a window and receives of
 //!   their own (see [`Credits`]), so credit returns never wait for the peer's application and
 //!   never use a receive a data chunk was promised.
+//! * **Nothing goes out before the handshake is done.** A connection made
+//!   [`opening`](ConnProto::opening) takes the peer's messages but hands out no control
+//!   message until [`established`](ConnProto::established); what it owes by then goes out
+//!   after.
 //! * **Failures are loud.** A protocol violation fails the connection with its
 //!   [`ProtocolError`] (and tells the peer, unless the report cannot go out and complete
 //!   within `keepalive_timeout`: the disconnect never waits longer for it); a failure is never
