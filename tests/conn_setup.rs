@@ -1,7 +1,9 @@
 //! Device tests of connection setup on rxe (soft-RoCE VM): the listener runs handshakes
 //! concurrently (a stalled or garbage client delays no one), bounds them with a backlog and a
 //! handshake timeout, refuses parameters that cannot work, and abandoned or closed connections
-//! give every device resource back (checked with `rdma resource show`).
+//! give every device resource back (checked with `rdma resource show`). A client's first
+//! messages may complete on the server before its handshake task saw `ESTABLISHED`: their
+//! credits come back once the server's queue pair is in RTS.
 //!
 //! Misbehaving clients are written with the raw layer (`tokio_rdma::verbs`): a client that
 //! sends a valid connection request and then never completes it, or sends private data that
@@ -813,4 +815,47 @@ async fn mismatched_receive_buffer_sizes_carry_large_messages_both_ways() {
     }
     conn.close().await.unwrap();
     server.abort();
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn messages_that_arrive_before_the_server_is_established_get_their_credits_back() {
+    common::init_tracing();
+    let a = addr(7109);
+    // One endpoint for both sides, on one thread: the client's waits poll the endpoint's
+    // completion queue in place and so complete the server's receives while the server's
+    // handshake task has not run since the client established (the server's queue pair is
+    // still in RTR). Its credit returns must wait for RTS: posted in RTR they fail (EINVAL)
+    // and so does the connection.
+    let ep = tokio_rdma::Endpoint::open_first_active().expect("endpoint");
+    let listener = ep.listen(a).await.expect("listen");
+    let opts = small_opts();
+    let burst = 4 * opts.params.recv_credits as usize;
+    for round in 0..3 {
+        let server = async {
+            let conn = listener.accept().await?;
+            let mut n = 0;
+            while conn.recv().await?.is_some() {
+                n += 1;
+            }
+            conn.close().await?;
+            Ok::<_, Error>(n)
+        };
+        let client = async {
+            let conn = ep.connect(a, opts.clone()).await?;
+            // At once, without yielding first: beyond the initial credits, so the later sends
+            // wait for credits the server returns.
+            for i in 0..burst {
+                conn.send(format!("message {i}").as_bytes()).await?;
+            }
+            conn.close().await?;
+            Ok::<_, Error>(())
+        };
+        // A failed server connection never reaches `accept`: the client's error ends the round.
+        let (got, ()) = within(60, "round", async { tokio::try_join!(server, client) })
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(got, burst, "round {round}: every message arrived");
+    }
+    println!("3 rounds of {burst} messages sent straight after connecting: all delivered");
 }
