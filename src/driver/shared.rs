@@ -191,12 +191,18 @@ impl Shared {
                 }
             }
             // Only the queue pair this key was issued to: a late completion of a queue pair
-            // removed since (its index reused, with another generation) reaches nobody.
-            let sink = qps
+            // removed since (its index reused, with another generation) reaches nobody. The
+            // `wr_id` carries the key's packed form; the entry's full key is the one the core
+            // knows.
+            let found = qps
                 .get(key.index())
                 .and_then(Option::as_ref)
-                .filter(|e| e.key == key)
-                .and_then(|e| e.sink.as_ref());
+                .filter(|e| e.key == key || (!on_srq && e.key.to_bits() == key.to_bits()))
+                .and_then(|e| Some((e.key, e.sink.as_ref()?)));
+            let sink = found.map(|(full, sink)| {
+                key = full;
+                sink
+            });
             if sink.is_none() && on_srq {
                 // Its queue pair is gone (or never was ours): the buffer goes back.
                 match srq_sink.as_ref() {

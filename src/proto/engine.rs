@@ -72,7 +72,7 @@ pub struct Core<P> {
     table: OpTable<P>,
     qps: Vec<Option<QpSlot>>,
     /// The current generation of each index of `qps` (bumped when its queue pair goes).
-    gens: Vec<u16>,
+    gens: Vec<u64>,
 }
 
 impl<P> Default for Core<P> {
@@ -120,7 +120,7 @@ impl<P> Core<P> {
             Some(_) => {
                 let i = qp.index();
                 self.qps[i] = None;
-                self.gens[i] = self.gens[i].wrapping_add(1);
+                self.gens[i] = self.gens[i].wrapping_add(1) & QpKey::GEN_MASK;
                 true
             }
             None => true,
@@ -164,9 +164,14 @@ impl<P> Core<P> {
         self.live(qp).map_or(0, QpSlot::posted)
     }
 
-    /// The failure of `qp`, if it failed.
+    /// The failure of `qp`, if it failed; [`QpFailure::Closed`] for a key that names no
+    /// registered queue pair (removed, as [`submit`](Self::submit) reports it too).
     pub fn failure(&self, qp: QpKey) -> Option<&QpFailure> {
-        self.live(qp)?.failure.as_ref()
+        static CLOSED: QpFailure = QpFailure::Closed;
+        match self.live(qp) {
+            Some(slot) => slot.failure.as_ref(),
+            None => Some(&CLOSED),
+        }
     }
 
     /// Queues a request with its payload. The payload is owned by the table from now on.

@@ -203,3 +203,37 @@ fn the_fast_path_is_indistinguishable_from_queueing() {
         }
     }
 }
+
+/// One index reused more times than the key's generation field counts (2^11): every new queue
+/// pair at that index is live and takes work, and the key of an earlier one never names it. A
+/// server that accepts connections one after another reuses index 0 for each.
+#[test]
+fn an_index_reused_past_the_generation_width_stays_usable_and_stale_keys_stay_dead() {
+    let mut core: Core<u32> = Core::new();
+    let mut earlier = Vec::new();
+    for round in 0..5_000 {
+        let qp = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
+        assert_eq!(qp.index(), 0);
+        assert!(
+            core.is_live(qp),
+            "round {round}: a new queue pair is not live"
+        );
+        let (s, signaled) = core
+            .submit_posted(qp, Queue::Send)
+            .unwrap_or_else(|e| panic!("round {round}: a new queue pair refuses work: {e}"))
+            .expect("room");
+        assert!(signaled);
+        let mut out = Completed::default();
+        core.complete(&Cqe::success(s, 0), &mut out);
+        assert_eq!(out.unknown, 0);
+        assert!(core.poll_result(s, None).is_ready());
+        for &old in earlier.iter().rev().take(3) {
+            assert!(
+                !core.is_live(old),
+                "round {round}: an old key names the new queue pair"
+            );
+        }
+        assert!(core.remove_qp(qp));
+        earlier.push(qp);
+    }
+}

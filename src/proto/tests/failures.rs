@@ -566,7 +566,10 @@ fn qp_keys_are_reused_after_removal_without_disturbing_uncollected_ops() {
     assert_eq!(core.outstanding(qa), 0);
     assert_eq!(core.posted(qa), 0);
     assert!(!core.has_postable(qa));
-    assert!(core.failure(qa).is_none());
+    assert!(
+        matches!(core.failure(qa), Some(QpFailure::Closed)),
+        "a removed queue pair reports itself closed"
+    );
 
     let qc = core.add_qp(QpConfig::new(4, 4, 1)).unwrap();
     assert_eq!(qc.index(), qa.index(), "the free index is reused");
