@@ -7,10 +7,9 @@ use std::time::Instant;
 
 use tracing::warn;
 
-use super::{ConnIo, ConnState, Held, Retired, SEND_BIT, Sent};
+use super::{ConnIo, ConnState, Held, Local, RECV_SEQ_MASK, Retired, Sent};
 use crate::buf::PoolBuf;
 use crate::conn::rdv_memory::Fetch;
-use crate::conn::srq::SRQ_BIT;
 use crate::driver::{Deferred, Sink};
 use crate::error::{QpFailure, WcStatus};
 use crate::proto::Cqe;
@@ -58,59 +57,60 @@ impl Sink for ConnIo {
         let mut s = self.lock();
         self.bump_changes(&s);
         let was_failed = s.proto.failure().is_some();
-        if local & (SEND_BIT | SRQ_BIT) == SRQ_BIT {
-            self.shared_received(&mut s, local, cqe, qp_failure, now);
-        } else if local & SEND_BIT == 0 {
-            let Some(entry) = s.recvs.pop_front() else {
-                warn!(local, "a receive completion with no receive posted");
-                return None;
-            };
-            let seq = s.next_recv.wrapping_sub(s.recvs.len() as u32 + 1) & !SEND_BIT;
-            debug_assert_eq!(seq, local, "receive completions come in posting order");
-            // The drain marker's flush carries nothing for the state machine.
-            if let Some(buf) = entry {
-                Self::received(&mut s, buf, cqe, qp_failure, now);
-            }
-        } else {
-            let seq = local & !SEND_BIT;
-            if !s.sends.iter().any(|(q, _)| *q == seq) {
-                warn!(local, "a send completion that matches no send");
-                return None;
-            }
-            // Completions on a send queue come in posting order: every earlier send is done.
-            while let Some((q, sent)) = s.sends.pop_front() {
-                let this = q == seq;
-                let res = if this && !ok {
-                    Err(cause_of(cqe, qp_failure))
-                } else {
-                    Ok(())
+        match Local::of(local) {
+            Local::Shared => self.shared_received(&mut s, local, cqe, qp_failure, now),
+            Local::Recv => {
+                let Some(entry) = s.recvs.pop_front() else {
+                    warn!(local, "a receive completion with no receive posted");
+                    return None;
                 };
-                match sent {
-                    Sent::Marker => {}
-                    Sent::Fetch { last } => {
-                        if last || res.is_err() {
-                            s.proto.fetch_done(res);
-                        }
-                        if last && ok {
-                            s.recv_bytes.fetched += s.fetch.as_ref().map_or(0, Fetch::len);
-                        }
-                    }
-                    Sent::Control(kind) => s.proto.handle_control_done(kind, res, now),
-                    Sent::Data(held) => {
-                        if let Held::User(b) = held {
-                            self.retire(Retired::Bytes(b));
-                        }
-                        // A send's completion is no sign of the peer's life (its NIC acks).
-                        if let Err(cause) = res {
-                            s.proto.data_send_failed(cause);
-                        }
-                    }
-                }
-                if this {
-                    break;
+                let seq = s.next_recv.wrapping_sub(s.recvs.len() as u32 + 1) & RECV_SEQ_MASK;
+                debug_assert_eq!(seq, local, "receive completions come in posting order");
+                // The drain marker's flush carries nothing for the state machine.
+                if let Some(buf) = entry {
+                    Self::received(&mut s, buf, cqe, qp_failure, now);
                 }
             }
-            Self::wake_sq(&mut s, wake);
+            Local::Send(seq) => {
+                if !s.sends.iter().any(|(q, _)| *q == seq) {
+                    warn!(local, "a send completion that matches no send");
+                    return None;
+                }
+                // Completions on a send queue come in posting order: every earlier send is done.
+                while let Some((q, sent)) = s.sends.pop_front() {
+                    let this = q == seq;
+                    let res = if this && !ok {
+                        Err(cause_of(cqe, qp_failure))
+                    } else {
+                        Ok(())
+                    };
+                    match sent {
+                        Sent::Marker => {}
+                        Sent::Fetch { last } => {
+                            if last || res.is_err() {
+                                s.proto.fetch_done(res);
+                            }
+                            if last && ok {
+                                s.recv_bytes.fetched += s.fetch.as_ref().map_or(0, Fetch::len);
+                            }
+                        }
+                        Sent::Control(kind) => s.proto.handle_control_done(kind, res, now),
+                        Sent::Data(held) => {
+                            if let Held::User(b) = held {
+                                self.retire(Retired::Bytes(b));
+                            }
+                            // A send's completion is no sign of the peer's life (its NIC acks).
+                            if let Err(cause) = res {
+                                s.proto.data_send_failed(cause);
+                            }
+                        }
+                    }
+                    if this {
+                        break;
+                    }
+                }
+                Self::wake_sq(&mut s, wake);
+            }
         }
         let kick = self.pump(&mut s, Some(now), wake);
         let newly_failed = !was_failed && s.proto.failure().is_some();

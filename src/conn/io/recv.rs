@@ -1,6 +1,6 @@
 //! Receives on the connection's own queue pair, from its private pool.
 
-use super::{ConnIo, ConnState, SEND_BIT};
+use super::{ConnIo, ConnState, next_recv_seq};
 use crate::verbs::RecvWr;
 
 impl ConnIo {
@@ -29,7 +29,7 @@ impl ConnIo {
             // stays in `recvs` (untouched) until its completion.
             match unsafe { self.qp.post_recv(&[wr]) } {
                 Ok(()) => {
-                    s.next_recv = (seq + 1) & !SEND_BIT;
+                    s.next_recv = next_recv_seq(seq);
                     s.recvs.push_back(Some(buf));
                     posted += 1;
                 }

@@ -3,7 +3,7 @@
 
 use tracing::warn;
 
-use super::{ConnIo, ConnState, SEND_BIT, Sent};
+use super::{ConnIo, ConnState, SEND_BIT, Sent, next_recv_seq};
 use crate::error::QpFailure;
 use crate::verbs::{RecvWr, SendOp, SendWr};
 
@@ -43,7 +43,7 @@ impl ConnIo {
         // SAFETY: a zero-length receive names no memory.
         match unsafe { self.qp.post_recv(&[wr]) } {
             Ok(()) => {
-                s.next_recv = (seq + 1) & !SEND_BIT;
+                s.next_recv = next_recv_seq(seq);
                 s.recvs.push_back(None);
             }
             // The receive queue is full of unflushed requests: the drain limit applies.
