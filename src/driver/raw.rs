@@ -79,6 +79,7 @@ pub(crate) struct RawOp<B: Send + 'static> {
 }
 
 impl<B: Send + 'static> RawOp<B> {
+    #[inline]
     pub(crate) fn new(cfg: &OpConfig, buf: B, wr: Result<WorkRequest>) -> RawOp<B> {
         let kind = match &wr {
             Ok(wr) if wr.queue == crate::proto::Queue::Recv => WaitKind::Recv,

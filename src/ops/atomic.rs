@@ -96,6 +96,7 @@ impl<B: IoBufMut> CompareSwap<B> {
         self.raw.start();
     }
 
+    #[inline]
     pub(crate) fn new(
         cfg: &OpConfig,
         mut buf: B,
@@ -124,6 +125,7 @@ impl<B: IoBufMut> FetchAdd<B> {
         self.raw.start();
     }
 
+    #[inline]
     pub(crate) fn new(cfg: &OpConfig, mut buf: B, remote: RemoteToken, add: u64) -> Self {
         let wr = atomic_request(&mut buf, &remote, |remote_addr, rkey| SendOp::FetchAdd {
             remote_addr,

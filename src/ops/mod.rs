@@ -44,6 +44,7 @@ impl AsyncQp {
     /// Dropping the future before its first poll sends nothing. After that the send may still
     /// happen; the buffer stays owned by the driver until the device is done with it and is
     /// then dropped.
+    #[inline]
     pub fn send<B: SgSource>(&self, buf: B) -> Send<B> {
         Send::new(self.op_config(), buf, None)
     }
@@ -53,6 +54,7 @@ impl AsyncQp {
     /// # Cancel safety
     ///
     /// As for [`send`](Self::send).
+    #[inline]
     pub fn send_with_imm<B: SgSource>(&self, buf: B, imm: u32) -> Send<B> {
         Send::new(self.op_config(), buf, Some(imm))
     }
@@ -64,6 +66,7 @@ impl AsyncQp {
     ///
     /// Dropping the future after its first poll leaves the receive posted: the next message
     /// from the peer is consumed into the (driver-owned) buffer and discarded.
+    #[inline]
     pub fn recv<B: SgTarget>(&self, buf: B) -> Recv<B> {
         Recv::new(self.op_config(), buf)
     }
@@ -73,6 +76,7 @@ impl AsyncQp {
     /// # Cancel safety
     ///
     /// As for [`send`](Self::send): once polled, the write may still happen.
+    #[inline]
     pub fn write<B: SgSource>(&self, buf: B, remote: RemoteToken) -> Write<B> {
         Write::new(self.op_config(), buf, remote, None)
     }
@@ -83,6 +87,7 @@ impl AsyncQp {
     /// # Cancel safety
     ///
     /// As for [`write`](Self::write).
+    #[inline]
     pub fn write_with_imm<B: SgSource>(&self, buf: B, remote: RemoteToken, imm: u32) -> Write<B> {
         Write::new(self.op_config(), buf, remote, Some(imm))
     }
@@ -93,6 +98,7 @@ impl AsyncQp {
     ///
     /// Once polled, the device may still write into the buffer, so the buffer stays owned by
     /// the driver until the read completes and is then dropped.
+    #[inline]
     pub fn read<B: SgTarget>(&self, buf: B, remote: RemoteToken) -> Read<B> {
         Read::new(self.op_config(), buf, remote)
     }
@@ -103,6 +109,7 @@ impl AsyncQp {
     /// # Cancel safety
     ///
     /// Once polled, the swap may still happen.
+    #[inline]
     pub fn compare_swap<B: IoBufMut>(
         &self,
         buf: B,
@@ -118,6 +125,7 @@ impl AsyncQp {
     /// # Cancel safety
     ///
     /// Once polled, the addition may still happen.
+    #[inline]
     pub fn fetch_add<B: IoBufMut>(&self, buf: B, remote: RemoteToken, add: u64) -> FetchAdd<B> {
         FetchAdd::new(self.op_config(), buf, remote, add)
     }

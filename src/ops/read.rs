@@ -35,6 +35,7 @@ impl<B: SgTarget> Read<B> {
         self.raw.start();
     }
 
+    #[inline]
     pub(crate) fn new(cfg: &OpConfig, mut buf: B, remote: RemoteToken) -> Read<B> {
         let mut len = 0;
         let wr = target_list(&mut buf, cfg.caps.max_send_sge).and_then(|sges| {

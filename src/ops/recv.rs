@@ -33,6 +33,7 @@ pub struct Recv<B: SgTarget> {
 }
 
 impl<B: SgTarget> Recv<B> {
+    #[inline]
     pub(crate) fn new(cfg: &OpConfig, mut buf: B) -> Recv<B> {
         let wr = target_list(&mut buf, cfg.caps.max_recv_sge).map(WorkRequest::recv_list);
         Recv {

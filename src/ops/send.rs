@@ -33,6 +33,7 @@ impl<B: SgSource> Send<B> {
         self.raw.start();
     }
 
+    #[inline]
     pub(crate) fn new(cfg: &OpConfig, buf: B, imm: Option<u32>) -> Send<B> {
         let wr = source_list(&buf, cfg.caps.max_send_sge).map(|sges| {
             let op = match imm {

@@ -119,6 +119,7 @@ impl<B: IoBufMut> SgTarget for BufList<B> {
 }
 
 /// Builds the scatter/gather list of a source, checking the queue pair's SGE limit.
+#[inline]
 pub(crate) fn source_list<S: SgSource>(src: &S, max_sge: u32) -> Result<SgList> {
     let mut l = SgList::new();
     src.source_segments(&mut l)?;
@@ -127,6 +128,7 @@ pub(crate) fn source_list<S: SgSource>(src: &S, max_sge: u32) -> Result<SgList> 
 }
 
 /// Builds the scatter/gather list of a target, checking the queue pair's SGE limit.
+#[inline]
 pub(crate) fn target_list<T: SgTarget>(dst: &mut T, max_sge: u32) -> Result<SgList> {
     let mut l = SgList::new();
     dst.target_segments(&mut l)?;

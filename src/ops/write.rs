@@ -36,6 +36,7 @@ impl<B: SgSource> Write<B> {
         self.raw.start();
     }
 
+    #[inline]
     pub(crate) fn new(cfg: &OpConfig, buf: B, remote: RemoteToken, imm: Option<u32>) -> Write<B> {
         let wr = source_list(&buf, cfg.caps.max_send_sge).and_then(|sges| {
             let total = sges.total_len();

@@ -371,31 +371,37 @@ impl<P> Core<P> {
             .table
             .get_mut(wr_id)
             .expect("operation is in the table");
-        if matches!(entry.lifecycle, Lifecycle::Completed(_)) {
-            // Only the outcome and the payload move out; the slot is freed where it lies.
-            let Lifecycle::Completed(outcome) =
-                std::mem::replace(&mut entry.lifecycle, Lifecycle::Cancelled)
-            else {
-                unreachable!("matched above");
-            };
-            let payload = entry.payload.take();
-            self.table.free(wr_id);
-            return Poll::Ready((outcome, payload));
-        }
-        if let Some(cx) = cx {
-            match &entry.waker {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => entry.waker = Some(cx.waker().clone()),
+        // Only the outcome and the payload move out; the slot is freed where it lies.
+        let outcome = match &mut entry.lifecycle {
+            Lifecycle::Done(info) => Ok(*info),
+            Lifecycle::Failed(_) => {
+                let Lifecycle::Failed(err) =
+                    std::mem::replace(&mut entry.lifecycle, Lifecycle::Cancelled)
+                else {
+                    unreachable!("matched above");
+                };
+                Err(err)
             }
-        }
-        Poll::Pending
+            _ => {
+                if let Some(cx) = cx {
+                    match &entry.waker {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        _ => entry.waker = Some(cx.waker().clone()),
+                    }
+                }
+                return Poll::Pending;
+            }
+        };
+        let payload = entry.payload.take();
+        self.table.free(wr_id);
+        Poll::Ready((outcome, payload))
     }
 
     /// Whether operation `wr_id` has its outcome (cheap check, no waker registered).
     pub fn is_complete(&self, wr_id: u64) -> bool {
         self.table
             .get(wr_id)
-            .is_some_and(|e| matches!(e.lifecycle, Lifecycle::Completed(_)))
+            .is_some_and(|e| matches!(e.lifecycle, Lifecycle::Done(_) | Lifecycle::Failed(_)))
     }
 
     /// The future of `wr_id` was dropped. A queued request is withdrawn and its payload
@@ -422,7 +428,9 @@ impl<P> Core<P> {
                 entry.waker = None;
                 None
             }
-            Lifecycle::Completed(_) => self.table.remove(wr_id).and_then(|e| e.payload),
+            Lifecycle::Done(_) | Lifecycle::Failed(_) => {
+                self.table.remove(wr_id).and_then(|e| e.payload)
+            }
             Lifecycle::Cancelled => None,
         }
     }
@@ -444,7 +452,13 @@ impl<P> Core<P> {
 
     /// Applies one work completion.
     pub fn complete(&mut self, cqe: &Cqe, out: &mut Completed<P>) {
-        let Some(entry) = self.table.get_mut(cqe.wr_id) else {
+        if cqe.status != WcStatus::Success {
+            self.complete_failed(cqe, out);
+            return;
+        }
+        // The common case in one pass: one look at the entry, one at its queue pair's slot.
+        let Core { table, qps, gens } = self;
+        let Some(entry) = table.get_mut(cqe.wr_id) else {
             out.unknown += 1;
             return;
         };
@@ -454,55 +468,91 @@ impl<P> Core<P> {
             return;
         }
         let (qp, queue) = (entry.qp, entry.queue);
-        if !self.is_live(qp) {
+        let i = qp.index();
+        let slot = match qps.get_mut(i).and_then(Option::as_mut) {
+            Some(slot) if gens.get(i) == Some(&qp.generation()) => slot,
             // Posted requests keep their queue pair registered: unreachable, but never apply a
             // completion to a queue pair that is gone.
+            _ => {
+                out.unknown += 1;
+                return;
+            }
+        };
+        // Queued requests can only become postable if there are any (most often none).
+        let queued = !slot.sq_pending.is_empty() || !slot.rq_pending.is_empty();
+        let had_postable = queued && slot.has_postable();
+        match queue {
+            // Completions on a send queue arrive in post order, so every request posted
+            // before this one without its own completion has succeeded.
+            Queue::Send => {
+                while let Some(id) = slot.sq_ring.pop_front() {
+                    if id == cqe.wr_id {
+                        break;
+                    }
+                    finish_ok(table, id, OpInfo::default(), out);
+                }
+            }
+            Queue::Recv => slot.rq_posted = slot.rq_posted.saturating_sub(1),
+        }
+        let postable = queued && !had_postable && slot.has_postable();
+        let info = OpInfo {
+            byte_len: cqe.byte_len,
+            imm: cqe.imm,
+        };
+        finish_ok(table, cqe.wr_id, info, out);
+        if postable && !out.postable.contains(&qp) {
+            out.postable.push(qp);
+        }
+    }
+
+    /// [`complete`](Self::complete) for a completion in error: it fails its queue pair too.
+    #[cold]
+    fn complete_failed(&mut self, cqe: &Cqe, out: &mut Completed<P>) {
+        let Some(entry) = self.table.get_mut(cqe.wr_id) else {
+            out.unknown += 1;
+            return;
+        };
+        if !matches!(entry.lifecycle, Lifecycle::Submitted | Lifecycle::Cancelled) {
+            out.unknown += 1;
+            return;
+        }
+        let (qp, queue) = (entry.qp, entry.queue);
+        if !self.is_live(qp) {
             out.unknown += 1;
             return;
         }
         let had_space = self.slot(qp).has_postable();
         match queue {
-            Queue::Send => {
-                // Completions on a send queue arrive in post order, so every request posted
-                // before this one without its own completion has succeeded.
-                loop {
-                    let front = self.slot(qp).sq_ring.pop_front();
-                    match front {
-                        Some(id) if id == cqe.wr_id => break,
-                        Some(id) => self.finish(id, Ok(OpInfo::default()), out),
-                        None => break,
-                    }
+            Queue::Send => loop {
+                let front = self.slot(qp).sq_ring.pop_front();
+                match front {
+                    Some(id) if id == cqe.wr_id => break,
+                    Some(id) => finish(&mut self.table, id, Ok(OpInfo::default()), out),
+                    None => break,
                 }
-            }
+            },
             Queue::Recv => {
                 let slot = self.slot(qp);
                 slot.rq_posted = slot.rq_posted.saturating_sub(1);
             }
         }
-        let outcome = if cqe.status == WcStatus::Success {
-            Ok(OpInfo {
-                byte_len: cqe.byte_len,
-                imm: cqe.imm,
-            })
+        let cause = if cqe.status == WcStatus::WrFlushErr {
+            QpFailure::Flushed
         } else {
-            let cause = if cqe.status == WcStatus::WrFlushErr {
-                QpFailure::Flushed
-            } else {
-                QpFailure::WorkCompletion {
-                    status: cqe.status,
-                    vendor_err: cqe.vendor_err,
-                }
-            };
-            let failure = self.fail_qp(qp, cause.clone(), out);
-            // A flushed request reports the queue pair's cause; the request whose own
-            // completion failed reports its status (same shape either way).
-            if cqe.status == WcStatus::WrFlushErr {
-                Err(Error::QpFailed(failure))
-            } else {
-                Err(Error::QpFailed(cause))
+            QpFailure::WorkCompletion {
+                status: cqe.status,
+                vendor_err: cqe.vendor_err,
             }
         };
-        self.finish(cqe.wr_id, outcome, out);
+        let failure = self.fail_qp(qp, cause.clone(), out);
+        // A flushed request reports the queue pair's cause; the request whose own completion
+        // failed reports its status (same shape either way).
+        let outcome = if cqe.status == WcStatus::WrFlushErr {
+            Err(Error::QpFailed(failure))
+        } else {
+            Err(Error::QpFailed(cause))
+        };
+        finish(&mut self.table, cqe.wr_id, outcome, out);
         if !had_space && self.slot(qp).has_postable() && !out.postable.contains(&qp) {
             out.postable.push(qp);
         }
@@ -530,7 +580,12 @@ impl<P> Core<P> {
             .map(|(id, _)| id)
             .collect();
         for id in queued {
-            self.finish(id, Err(Error::QpFailed(failure.clone())), out);
+            finish(
+                &mut self.table,
+                id,
+                Err(Error::QpFailed(failure.clone())),
+                out,
+            );
         }
         failure
     }
@@ -565,7 +620,12 @@ impl<P> Core<P> {
                 }
                 Queue::Recv => slot.rq_posted = slot.rq_posted.saturating_sub(1),
             }
-            self.finish(id, Err(Error::QpFailed(failure.clone())), out);
+            finish(
+                &mut self.table,
+                id,
+                Err(Error::QpFailed(failure.clone())),
+                out,
+            );
         }
     }
 
@@ -610,7 +670,12 @@ impl<P> Core<P> {
         slot.rq_posted = 0;
         let ids: Vec<u64> = self.table.ids_where(|e| e.qp == qp);
         for id in ids {
-            self.finish(id, Err(Error::QpFailed(failure.clone())), out);
+            finish(
+                &mut self.table,
+                id,
+                Err(Error::QpFailed(failure.clone())),
+                out,
+            );
         }
     }
 
@@ -623,23 +688,52 @@ impl<P> Core<P> {
             }
         }
     }
+}
 
-    fn finish(&mut self, wr_id: u64, outcome: Result<OpInfo, Error>, out: &mut Completed<P>) {
-        let Some(entry) = self.table.get_mut(wr_id) else {
-            return;
-        };
-        match entry.lifecycle {
-            Lifecycle::Cancelled => {
-                if let Some(p) = self.table.remove(wr_id).and_then(|e| e.payload) {
-                    out.released.push(p);
-                }
+/// Records `outcome` for `wr_id` (or releases the payload of a cancelled one) and collects its
+/// waker.
+fn finish<P>(
+    table: &mut OpTable<P>,
+    wr_id: u64,
+    outcome: Result<OpInfo, Error>,
+    out: &mut Completed<P>,
+) {
+    match outcome {
+        Ok(info) => finish_ok(table, wr_id, info, out),
+        Err(err) => settle(table, wr_id, Lifecycle::Failed(err), out),
+    }
+}
+
+/// [`finish`] with a success: only the few bytes of its [`OpInfo`] are written.
+#[inline]
+fn finish_ok<P>(table: &mut OpTable<P>, wr_id: u64, info: OpInfo, out: &mut Completed<P>) {
+    if let Some(entry) = table.get_mut(wr_id) {
+        if matches!(entry.lifecycle, Lifecycle::Queued | Lifecycle::Submitted) {
+            entry.lifecycle = Lifecycle::Done(info);
+            if let Some(w) = entry.waker.take() {
+                out.wakers.push(w);
             }
-            Lifecycle::Completed(_) => {}
-            Lifecycle::Queued | Lifecycle::Submitted => {
-                entry.lifecycle = Lifecycle::Completed(outcome);
-                if let Some(w) = entry.waker.take() {
-                    out.wakers.push(w);
-                }
+            return;
+        }
+    }
+    settle(table, wr_id, Lifecycle::Done(info), out);
+}
+
+fn settle<P>(table: &mut OpTable<P>, wr_id: u64, outcome: Lifecycle, out: &mut Completed<P>) {
+    let Some(entry) = table.get_mut(wr_id) else {
+        return;
+    };
+    match entry.lifecycle {
+        Lifecycle::Cancelled => {
+            if let Some(p) = table.remove(wr_id).and_then(|e| e.payload) {
+                out.released.push(p);
+            }
+        }
+        Lifecycle::Done(_) | Lifecycle::Failed(_) => {}
+        Lifecycle::Queued | Lifecycle::Submitted => {
+            entry.lifecycle = outcome;
+            if let Some(w) = entry.waker.take() {
+                out.wakers.push(w);
             }
         }
     }

@@ -18,8 +18,11 @@ pub(crate) enum Lifecycle {
     Queued,
     /// Posted to the device; the future may be waiting (its waker is in the entry).
     Submitted,
-    /// The outcome is known and waits for the future to collect it.
-    Completed(Result<OpInfo, Error>),
+    /// Succeeded; the outcome waits for the future to collect it (a change of state writes
+    /// only these few bytes, not a whole `Result` with its error).
+    Done(OpInfo),
+    /// Failed; the error waits for the future to collect it.
+    Failed(Error),
     /// The future was dropped after posting: the payload stays parked until the completion.
     Cancelled,
 }
