@@ -120,9 +120,12 @@ impl Connection {
     /// taken it meanwhile: then the fetch comes back).
     fn start_fetch(&self, fetch: Fetch) -> Option<Fetch> {
         self.shared.io.with(|s| {
+            // The whole descriptor, not its 16-bit rendezvous number alone: that number comes
+            // round every 65,536 messages, and other receivers may take that many while this
+            // one registered its destination without the lock.
             let still = matches!(
                 s.proto.peek_recv(),
-                Some(Delivery::Remote(m)) if m.seq == fetch.msg.seq
+                Some(Delivery::Remote(m)) if *m == fetch.msg
             );
             if !still {
                 return Some(fetch);

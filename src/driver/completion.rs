@@ -103,7 +103,14 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         if !std::mem::take(&mut fresh) {
             let found = shared.drain(&mut reaped, &mut wake);
             seen(found, &mut watched);
-            idle_rounds = if found > 0 { 0 } else { idle_rounds + 1 };
+            // Saturating: in event mode on a multi-thread runtime nearly every round finds
+            // nothing, and a plain `+ 1` overflowed (a panic in debug builds, which stopped the
+            // driver) after 2^32 rounds.
+            idle_rounds = if found > 0 {
+                0
+            } else {
+                idle_rounds.saturating_add(1)
+            };
         }
         if finished(&shared, &mut reaped) {
             break;

@@ -198,12 +198,23 @@ impl Drop for Deferred {
 impl Deferred {
     fn drop_lists(&mut self) {
         self.run_lists();
-        // Their memory, if they spilled to the heap (each taken out, leaving an empty list
-        // that holds none, and dropped).
-        drop(std::mem::take(&mut *self.wakers));
-        drop(std::mem::take(&mut *self.released));
-        drop(std::mem::take(&mut *self.sinks));
-        drop(std::mem::take(&mut *self.to_error));
+        // The lists are empty now; what is left is their memory, if they spilled to the heap
+        // (each is then taken out, leaving an empty list that holds none, and dropped). An
+        // inline list is not taken: moving a 32-slot `SmallVec` out copies its 520 bytes, which
+        // cost ~190 instructions per message of `msg_lat` (every completion of a connection
+        // wakes someone, so its `Deferred` is touched).
+        if self.wakers.spilled() {
+            drop(std::mem::take(&mut *self.wakers));
+        }
+        if self.released.capacity() > 0 {
+            drop(std::mem::take(&mut *self.released));
+        }
+        if self.sinks.spilled() {
+            drop(std::mem::take(&mut *self.sinks));
+        }
+        if self.to_error.capacity() > 0 {
+            drop(std::mem::take(&mut *self.to_error));
+        }
     }
 }
 
