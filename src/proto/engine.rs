@@ -452,20 +452,63 @@ impl<P> Core<P> {
 
     /// Applies one work completion.
     pub fn complete(&mut self, cqe: &Cqe, out: &mut Completed<P>) {
-        if cqe.status != WcStatus::Success {
-            self.complete_failed(cqe, out);
+        let Some((qp, had_postable)) = self.retire_through(cqe, out) else {
             return;
+        };
+        if cqe.status == WcStatus::Success {
+            let info = OpInfo {
+                byte_len: cqe.byte_len,
+                imm: cqe.imm,
+            };
+            finish_ok(&mut self.table, cqe.wr_id, info, out);
+        } else {
+            let cause = if cqe.status == WcStatus::WrFlushErr {
+                QpFailure::Flushed
+            } else {
+                QpFailure::WorkCompletion {
+                    status: cqe.status,
+                    vendor_err: cqe.vendor_err,
+                }
+            };
+            let failure = self.fail_qp(qp, cause.clone(), out);
+            // A flushed request reports the queue pair's cause; the request whose own
+            // completion failed reports its status (same shape either way).
+            let outcome = if cqe.status == WcStatus::WrFlushErr {
+                Err(Error::QpFailed(failure))
+            } else {
+                Err(Error::QpFailed(cause))
+            };
+            finish(&mut self.table, cqe.wr_id, outcome, out);
         }
-        // The common case in one pass: one look at the entry, one at its queue pair's slot.
+        if had_postable == Some(false)
+            && self.live(qp).is_some_and(QpSlot::has_postable)
+            && !out.postable.contains(&qp)
+        {
+            out.postable.push(qp);
+        }
+    }
+
+    /// The part of [`complete`](Self::complete) before the outcome, in one pass (one look at
+    /// the entry, one at its queue pair's slot): checks that `cqe` is for a posted request of a
+    /// live queue pair (else counts it unknown and returns `None`), and retires what its
+    /// completion settles on its queue: on a send queue every request posted before it
+    /// without its own completion (completions arrive in post order, so those succeeded).
+    /// Returns the queue pair and, if it has queued requests, whether they had room before.
+    #[inline]
+    fn retire_through(
+        &mut self,
+        cqe: &Cqe,
+        out: &mut Completed<P>,
+    ) -> Option<(QpKey, Option<bool>)> {
         let Core { table, qps, gens } = self;
         let Some(entry) = table.get_mut(cqe.wr_id) else {
             out.unknown += 1;
-            return;
+            return None;
         };
         if !matches!(entry.lifecycle, Lifecycle::Submitted | Lifecycle::Cancelled) {
             // A second completion for a completed (or never posted) request: keep exactly-once.
             out.unknown += 1;
-            return;
+            return None;
         }
         let (qp, queue) = (entry.qp, entry.queue);
         let i = qp.index();
@@ -475,15 +518,13 @@ impl<P> Core<P> {
             // completion to a queue pair that is gone.
             _ => {
                 out.unknown += 1;
-                return;
+                return None;
             }
         };
         // Queued requests can only become postable if there are any (most often none).
         let queued = !slot.sq_pending.is_empty() || !slot.rq_pending.is_empty();
-        let had_postable = queued && slot.has_postable();
+        let had_postable = queued.then(|| slot.has_postable());
         match queue {
-            // Completions on a send queue arrive in post order, so every request posted
-            // before this one without its own completion has succeeded.
             Queue::Send => {
                 while let Some(id) = slot.sq_ring.pop_front() {
                     if id == cqe.wr_id {
@@ -494,68 +535,7 @@ impl<P> Core<P> {
             }
             Queue::Recv => slot.rq_posted = slot.rq_posted.saturating_sub(1),
         }
-        let postable = queued && !had_postable && slot.has_postable();
-        let info = OpInfo {
-            byte_len: cqe.byte_len,
-            imm: cqe.imm,
-        };
-        finish_ok(table, cqe.wr_id, info, out);
-        if postable && !out.postable.contains(&qp) {
-            out.postable.push(qp);
-        }
-    }
-
-    /// [`complete`](Self::complete) for a completion in error: it fails its queue pair too.
-    #[cold]
-    fn complete_failed(&mut self, cqe: &Cqe, out: &mut Completed<P>) {
-        let Some(entry) = self.table.get_mut(cqe.wr_id) else {
-            out.unknown += 1;
-            return;
-        };
-        if !matches!(entry.lifecycle, Lifecycle::Submitted | Lifecycle::Cancelled) {
-            out.unknown += 1;
-            return;
-        }
-        let (qp, queue) = (entry.qp, entry.queue);
-        if !self.is_live(qp) {
-            out.unknown += 1;
-            return;
-        }
-        let had_space = self.slot(qp).has_postable();
-        match queue {
-            Queue::Send => loop {
-                let front = self.slot(qp).sq_ring.pop_front();
-                match front {
-                    Some(id) if id == cqe.wr_id => break,
-                    Some(id) => finish(&mut self.table, id, Ok(OpInfo::default()), out),
-                    None => break,
-                }
-            },
-            Queue::Recv => {
-                let slot = self.slot(qp);
-                slot.rq_posted = slot.rq_posted.saturating_sub(1);
-            }
-        }
-        let cause = if cqe.status == WcStatus::WrFlushErr {
-            QpFailure::Flushed
-        } else {
-            QpFailure::WorkCompletion {
-                status: cqe.status,
-                vendor_err: cqe.vendor_err,
-            }
-        };
-        let failure = self.fail_qp(qp, cause.clone(), out);
-        // A flushed request reports the queue pair's cause; the request whose own completion
-        // failed reports its status (same shape either way).
-        let outcome = if cqe.status == WcStatus::WrFlushErr {
-            Err(Error::QpFailed(failure))
-        } else {
-            Err(Error::QpFailed(cause))
-        };
-        finish(&mut self.table, cqe.wr_id, outcome, out);
-        if !had_space && self.slot(qp).has_postable() && !out.postable.contains(&qp) {
-            out.postable.push(qp);
-        }
+        Some((qp, had_postable))
     }
 
     /// Marks `qp` failed (keeping an earlier cause if there is one) and fails its queued
