@@ -16,10 +16,14 @@ use crate::verbs::QpState;
 mod debug;
 pub(crate) mod handshake;
 mod hint;
+mod invalid;
 mod io_kind;
 mod protocol;
+mod unsupported;
 
+pub use invalid::InvalidArgument;
 pub use protocol::ProtocolError;
+pub use unsupported::Unsupported;
 
 pub(crate) use hint::is_loopback;
 use hint::{Call, cause, event_hint};
@@ -294,9 +298,10 @@ pub enum Error {
     /// the peer did not offer, a range outside the token, a local buffer not from the
     /// connection's pool): after this error the connection is still usable.
     ///
-    /// What to do: fix the argument the message names.
+    /// What to do: fix the argument the message names; the [`InvalidArgument`] says which
+    /// (match on it to handle one cause).
     #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    InvalidArgument(InvalidArgument),
     /// The verbs object is owned by a [`Driver`](crate::driver::Driver): polling its completion
     /// queue, reading its events, or posting on its queue pair from outside the driver would
     /// take completions the driver's operations are waiting for (or hand it completions it
@@ -448,9 +453,10 @@ pub enum Error {
     AdviseMr(#[source] io::Error),
     /// The device, or the buffer, does not support what was asked.
     ///
-    /// What to do: do without the feature the message names, or use a device that has it.
+    /// What to do: do without the feature the [`Unsupported`] names, or use a device that has
+    /// it.
     #[error("unsupported: {0}")]
-    Unsupported(String),
+    Unsupported(Unsupported),
     /// `rdma_create_event_channel` failed (`ENODEV`/`ENOSYS`: no RDMA CM support, e.g. the
     /// `rdma_ucm` module is not loaded or `/dev/infiniband/rdma_cm` is missing).
     ///
@@ -879,5 +885,7 @@ impl fmt::Display for WcStatus {
     }
 }
 
+#[cfg(test)]
+mod invalid_tests;
 #[cfg(test)]
 mod tests;

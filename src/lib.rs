@@ -50,7 +50,9 @@
 //!   whose operations are futures; [`ops`] holds the typed operation futures.
 //! * [`verbs`]: safe RAII wrappers over the verbs and RDMA CM objects; the only FFI user.
 //! * [`Error`], [`Result`]: one error type; each variant's documentation says what to do about
-//!   it, and its message names the failing call and, for common causes, the remedy.
+//!   it, and its message names the failing call and, for common causes, the remedy. A refused
+//!   argument or an unsupported feature has a typed cause to match on: [`InvalidArgument`],
+//!   [`Unsupported`].
 //!
 //! Underneath, a private sans-IO core (`proto`: the in-flight operation table, queue
 //! accounting, and the connection protocol state machine) holds every decision the Tokio shell
@@ -83,4 +85,4 @@ pub mod verbs;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use conn::export::MetricsExporter;
 pub use endpoint::{DEFAULT_MEMORY_BUDGET, Endpoint, EndpointOptions, MemoryStats};
-pub use error::{Error, ProtocolError, QpFailure, Result, WcStatus};
+pub use error::{Error, InvalidArgument, ProtocolError, QpFailure, Result, Unsupported, WcStatus};

@@ -26,7 +26,7 @@ use std::ops::{BitOr, Range};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{IoBufMut, PoolBuf, RemoteToken};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result, Unsupported};
 use crate::verbs::{
     AccessFlags, MemoryRegion, MemoryWindow, ProtectionDomain, QueuePair, WorkCompletion,
     explain_reg_error,
@@ -232,14 +232,13 @@ fn prepare<B: IoBufMut>(
 ) -> Result<(*mut u8, usize)> {
     let init = buf.bytes_init();
     if access.is_empty() {
-        return Err(Error::InvalidArgument(
-            "a grant needs at least one right".into(),
-        ));
+        return Err(Error::InvalidArgument(InvalidArgument::GrantWithoutRights));
     }
     if range.start >= range.end || range.end > init {
-        return Err(Error::InvalidArgument(format!(
-            "grant range {range:?} is empty or outside the {init} initialised bytes"
-        )));
+        return Err(Error::InvalidArgument(InvalidArgument::GrantRange {
+            range: range.clone(),
+            init,
+        }));
     }
     Ok((buf.stable_mut_ptr(), init))
 }
@@ -351,30 +350,21 @@ impl<B: GrantBuf> Grant<B> {
             return Err(Error::DriverOwned("queue pair"));
         }
         if access.contains(RemoteAccess::ON_DEMAND) {
-            return Err(Error::InvalidArgument(
-                "a window grant uses the buffer's own registration; RemoteAccess::ON_DEMAND \
-                 needs a dedicated registration (Grant::region)"
-                    .into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::OnDemandWindow));
         }
         if !ctx.device_attr().supports_mw_type2() {
-            return Err(Error::Unsupported(format!(
-                "{} has no type-2 memory windows",
-                ctx.name()
-            )));
+            return Err(Error::Unsupported(Unsupported::NoMwType2 {
+                device: ctx.name().to_string(),
+            }));
         }
         if !MemoryWindow::bounds_enforced(ctx) {
-            return Err(Error::Unsupported(format!(
-                "{} does not confine window accesses to the window's range; \
-                 use a dedicated registration (Grant::region)",
-                ctx.name()
-            )));
+            return Err(Error::Unsupported(Unsupported::WindowBoundsNotEnforced {
+                device: ctx.name().to_string(),
+            }));
         }
         let (ptr, init) = prepare(&mut buf, &range, access)?;
         let Some(mr) = buf.window_region() else {
-            return Err(Error::Unsupported(
-                "the buffer has no MW_BIND registration to bind a window to".into(),
-            ));
+            return Err(Error::Unsupported(Unsupported::NoMwBindRegistration));
         };
         let mw = MemoryWindow::alloc_type2(qp.pd())?;
         let addr = ptr as u64 + range.start as u64;
@@ -405,10 +395,10 @@ impl<B: GrantBuf> Grant<B> {
             );
             std::mem::forget(mw);
             let _ = ManuallyDrop::new(buf);
-            return Err(Error::InvalidArgument(format!(
-                "`wait` returned the completion of request {} instead of the bind's ({wr_id})",
-                wc.wr_id()
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::ForeignCompletion {
+                got: wc.wr_id(),
+                expected: wr_id,
+            }));
         }
         wc.result()?;
         tracing::debug!(

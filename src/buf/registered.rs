@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 use bytes::Bytes;
 
 use super::registrar::{Registrar, Registration};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::AccessFlags;
 
 /// The registration and the memory it covers.
@@ -69,9 +69,7 @@ impl RegisteredBytes {
     /// Registers `bytes` through `registrar` for local reads.
     pub(crate) fn register(registrar: &dyn Registrar, bytes: Bytes) -> Result<RegisteredBytes> {
         if bytes.is_empty() {
-            return Err(Error::InvalidArgument(
-                "cannot register an empty buffer".into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::EmptyRegistration));
         }
         // SAFETY: `bytes` never moves or frees its storage while a handle to it lives, and
         // `Inner` keeps it until after the registration is dropped (field order). Local read

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::{RemoteAccess, RemoteToken};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::{AccessFlags, MemoryRegion, ProtectionDomain, explain_reg_error};
 
 /// A zeroed buffer that several connections may be granted access to at once, without a
@@ -186,15 +186,15 @@ impl SharedRegion {
         access: RemoteAccess,
     ) -> Result<SharedGrant> {
         if access.is_empty() || access.contains(RemoteAccess::ON_DEMAND) {
-            return Err(Error::InvalidArgument(format!(
-                "a shared grant needs read, write or atomic rights and is pinned; got {access:?}"
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::SharedGrantRights {
+                access: access.to_flags(),
+            }));
         }
         if range.start >= range.end || range.end > self.len() {
-            return Err(Error::InvalidArgument(format!(
-                "grant range {range:?} is empty or outside the region's {} bytes",
-                self.len()
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::SharedGrantRange {
+                range,
+                region_len: self.len(),
+            }));
         }
         let mut flags = access.to_flags();
         if access.can_modify() {

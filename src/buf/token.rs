@@ -3,7 +3,7 @@
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 
 /// A description of remote memory a peer granted us: address, length and remote key.
 ///
@@ -67,9 +67,10 @@ impl RemoteToken {
     /// ```
     pub fn try_new(addr: u64, len: u64, rkey: u32) -> Result<RemoteToken> {
         if addr.checked_add(len).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "remote token wraps the address space: {len} bytes at {addr:#x}"
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::TokenWraps {
+                addr,
+                len,
+            }));
         }
         Ok(RemoteToken { addr, len, rkey })
     }
@@ -116,12 +117,11 @@ impl RemoteToken {
                 len: e - s,
                 rkey: self.rkey,
             }),
-            _ => Err(Error::InvalidArgument(format!(
-                "remote slice {:?}..{:?} outside a token of {} bytes",
-                range.start_bound(),
-                range.end_bound(),
-                self.len
-            ))),
+            _ => Err(Error::InvalidArgument(InvalidArgument::TokenSlice {
+                start: range.start_bound().cloned(),
+                end: range.end_bound().cloned(),
+                token_len: self.len,
+            })),
         }
     }
 
@@ -134,10 +134,11 @@ impl RemoteToken {
     pub fn check(&self, offset: u64, len: u64) -> Result<u64> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.addr + offset),
-            _ => Err(Error::InvalidArgument(format!(
-                "{len} bytes at offset {offset} exceed a remote token of {} bytes",
-                self.len
-            ))),
+            _ => Err(Error::InvalidArgument(InvalidArgument::TokenRange {
+                offset,
+                len,
+                token_len: self.len,
+            })),
         }
     }
 
@@ -156,9 +157,9 @@ impl RemoteToken {
     ///
     /// [`Error::InvalidArgument`] for a wrong length or a range that wraps the address space.
     pub fn from_bytes(b: &[u8]) -> Result<RemoteToken> {
-        let b: &[u8; 20] = b.try_into().map_err(|_| {
-            Error::InvalidArgument(format!("remote token: expected 20 bytes, got {}", b.len()))
-        })?;
+        let b: &[u8; 20] = b
+            .try_into()
+            .map_err(|_| Error::InvalidArgument(InvalidArgument::TokenLength { got: b.len() }))?;
         let addr = u64::from_be_bytes(b[..8].try_into().expect("8 bytes"));
         let len = u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"));
         let rkey = u32::from_be_bytes(b[16..].try_into().expect("4 bytes"));

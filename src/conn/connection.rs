@@ -27,7 +27,7 @@ use crate::buf::{
     RegisteredBytes, RemoteAccess, SharedGrant, SharedRegion,
 };
 use crate::driver::AsyncQp;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::proto::conn::{ConnConfig, ConnProto};
 use crate::verbs::ProtectionDomain;
 
@@ -433,16 +433,18 @@ impl Connection {
         if (access.contains(RemoteAccess::READ) || access.contains(RemoteAccess::WRITE))
             && !offered.contains(Flags::ONE_SIDED)
         {
-            return Err(Error::InvalidArgument(format!(
-                "a grant of {access:?} on a connection that does not offer one-sided access \
-                 (ConnectOptions::one_sided(true) on this side)"
-            )));
+            return Err(Error::InvalidArgument(
+                InvalidArgument::GrantWithoutOneSided {
+                    access: access.to_flags(),
+                },
+            ));
         }
         if access.contains(RemoteAccess::ATOMIC) && !offered.contains(Flags::ATOMICS) {
-            return Err(Error::InvalidArgument(format!(
-                "a grant of {access:?} on a connection that does not offer atomics \
-                 (ConnectOptions::atomics(true) on this side)"
-            )));
+            return Err(Error::InvalidArgument(
+                InvalidArgument::GrantWithoutAtomics {
+                    access: access.to_flags(),
+                },
+            ));
         }
         Ok(())
     }

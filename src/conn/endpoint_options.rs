@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::srq::SrqOptions;
 use crate::driver::{CompletionMode, DriverOptions};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::Context;
 
 /// Device-level options of an [`Endpoint`](crate::Endpoint): how futures wait for completions, the
@@ -164,22 +164,23 @@ impl EndpointOptions {
         let max = ctx.device_attr().max_cqe;
         let cq_size = self.cq_size.unwrap_or(max.min(65536));
         if cq_size == 0 || cq_size > max {
-            return Err(Error::InvalidArgument(format!(
-                "cq_size {cq_size} is not in 1..={max} (the device's max_cqe)"
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::CqSizeOutOfRange {
+                cq_size,
+                max_cqe: max,
+            }));
         }
         if self.poll_batch == 0 || self.poll_batch > 4096 {
-            return Err(Error::InvalidArgument(format!(
-                "poll_batch {} is not in 1..=4096",
-                self.poll_batch
-            )));
+            return Err(Error::InvalidArgument(
+                InvalidArgument::PollBatchOutOfRange {
+                    poll_batch: self.poll_batch,
+                },
+            ));
         }
         if let CompletionMode::Adaptive { max_spin } = self.completion_mode {
             if max_spin > Duration::from_secs(1) {
-                return Err(Error::InvalidArgument(format!(
-                    "adaptive max_spin {max_spin:?} exceeds one second: use BusyPoll to spin \
-                     without limit"
-                )));
+                return Err(Error::InvalidArgument(
+                    InvalidArgument::AdaptiveSpinTooLong { max_spin },
+                ));
             }
         }
         Ok(DriverOptions::default()

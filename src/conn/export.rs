@@ -26,7 +26,7 @@ use super::srq::SrqStats;
 use super::stats::ConnStats;
 use crate::buf::{CacheMetrics, Pool, PoolMetrics, RegCache};
 use crate::driver::DriverStats;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 
 /// A metric: its name, help text, and how to read it from a snapshot of `T`.
 type Def<T> = (&'static str, &'static str, Read<T>);
@@ -523,15 +523,11 @@ pub(crate) fn start(
     labels: Vec<(&'static str, String)>,
 ) -> Result<MetricsExporter> {
     if period.is_zero() {
-        return Err(Error::InvalidArgument(
-            "a metrics export period of zero".into(),
-        ));
+        return Err(Error::InvalidArgument(InvalidArgument::ZeroExportPeriod));
     }
     let registry = dev.conn_registry().clone();
     if !registry.start_export() {
-        return Err(Error::InvalidArgument(
-            "a metrics exporter of this endpoint is already running".into(),
-        ));
+        return Err(Error::InvalidArgument(InvalidArgument::ExporterRunning));
     }
     let mut base = vec![Label::new("device", dev.device_name().to_string())];
     base.extend(labels.into_iter().map(|(k, v)| Label::new(k, v)));

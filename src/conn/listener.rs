@@ -21,7 +21,7 @@ use super::options::ConnectOptions;
 use super::raw::{self, RawListener, RawRequest};
 use super::setup;
 use super::stream::RdmaStream;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 
 /// The reason a connection request gets, in its reject's private data, when
 /// [`ConnectOptions::backlog`] handshakes are already pending.
@@ -215,17 +215,13 @@ impl Listener {
         opts.params.validate()?;
         if let (Some(ep), Some(m)) = (&endpoint, opts.completion_mode) {
             if m != ep.options().completion_mode {
-                return Err(Error::InvalidArgument(format!(
-                    "ConnectOptions::completion_mode {m:?} differs from the endpoint's {:?}: \
-                     the mode belongs to the endpoint (EndpointOptions)",
-                    ep.options().completion_mode
-                )));
+                return Err(Error::InvalidArgument(
+                    m.mismatch(ep.options().completion_mode),
+                ));
             }
         }
         if opts.backlog == 0 {
-            return Err(Error::InvalidArgument(
-                "a listener's backlog must be at least 1".into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::ZeroBacklog));
         }
         let raw = raw::listen_on(None, addr, u32::try_from(opts.backlog).unwrap_or(u32::MAX))?;
         let local_addr = raw.local_addr();

@@ -5,16 +5,9 @@
 
 use super::connection::Connection;
 use crate::buf::{IoBufMut, Pool, RemoteToken};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::ops::{SgSource, SgTarget};
 use crate::proto::SgList;
-
-/// Why local memory from another protection domain is refused (the device would fail the
-/// operation with `IBV_WC_LOC_PROT_ERR` and the connection with it).
-const FOREIGN_LOCAL: &str = "the local buffer is not registered in this connection's \
-    protection domain (each connection has its own): take it from this connection's pool \
-    (`conn.pool()?.acquire(len)`), not from another connection's pool or a pool or \
-    RegisteredBuffer on a protection domain of your own";
 
 /// Refuses entries that do not lie in `pool` (the only memory a user can have registered in a
 /// connection's protection domain); no pool yet means no such memory at all.
@@ -22,7 +15,7 @@ fn check_local(sges: &SgList, pool: Option<&Pool>) -> Result<()> {
     match pool {
         Some(p) if sges.as_slice().iter().all(|s| p.covers(s)) => Ok(()),
         _ if sges.as_slice().is_empty() => Ok(()),
-        _ => Err(Error::InvalidArgument(FOREIGN_LOCAL.into())),
+        _ => Err(Error::InvalidArgument(InvalidArgument::ForeignLocalBuffer)),
     }
 }
 
@@ -30,18 +23,10 @@ impl Connection {
     fn check_offer(&self, atomics: bool) -> Result<()> {
         let p = &self.shared.params;
         if atomics && !p.peer_atomics {
-            return Err(Error::InvalidArgument(
-                "the peer does not offer atomics on this connection (ConnectOptions::atomics \
-                 on the peer's side)"
-                    .into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::PeerNoAtomics));
         }
         if !atomics && !p.peer_one_sided {
-            return Err(Error::InvalidArgument(
-                "the peer does not offer one-sided access on this connection \
-                 (ConnectOptions::one_sided on the peer's side)"
-                    .into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::PeerNoOneSided));
         }
         Ok(())
     }

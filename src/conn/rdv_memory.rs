@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::memory::Reservation;
 use crate::buf::{IoBufMut, blocking};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::proto::conn::RemoteMsg;
 use crate::verbs::{AccessFlags, MemoryRegion, ProtectionDomain, explain_reg_error};
 
@@ -113,14 +113,13 @@ pub(crate) fn zeroed(len: usize) -> Result<Vec<u8>> {
         return Ok(Vec::new());
     }
     let layout = std::alloc::Layout::array::<u8>(len)
-        .map_err(|_| Error::InvalidArgument(format!("a {len}-byte message does not fit memory")))?;
+        .map_err(|_| Error::InvalidArgument(InvalidArgument::MessageExceedsMemory { len }))?;
     // SAFETY: `layout` has a non-zero size.
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
     if ptr.is_null() {
-        return Err(Error::InvalidArgument(format!(
-            "no memory for a {len}-byte message (receive it with recv_into into a buffer of \
-             your own)"
-        )));
+        return Err(Error::InvalidArgument(
+            InvalidArgument::NoMemoryForMessage { len },
+        ));
     }
     // SAFETY: allocated by the global allocator with this layout, all `len` bytes zeroed.
     Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })

@@ -15,7 +15,7 @@ use super::progress::Progress;
 use super::rdv_memory::{Fetch, FetchBuf, UserDest, zeroed};
 use super::shared::Message;
 use crate::buf::{IoBufMut, PoolBuf};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::proto::conn::{Delivery, RemoteMsg};
 
 /// Marks the caller's fetch as nobody's when a `recv_into` is dropped while the device writes
@@ -52,10 +52,7 @@ enum Next {
 }
 
 fn too_big(len: u64, cap: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "the next message has {len} bytes, more than the {cap}-byte buffer holds; it stays \
-         queued (receive it with a larger buffer or with recv)"
-    ))
+    Error::InvalidArgument(InvalidArgument::RecvBufferTooSmall { len, capacity: cap })
 }
 
 impl Connection {

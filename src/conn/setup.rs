@@ -15,7 +15,7 @@ use super::raw::{self, RawOptions};
 use super::srq::{SharedRecv, SrqShare};
 use crate::buf::{Pool, PoolConfig, SizeClass};
 use crate::driver::QpOptions;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::proto::conn::CONTROL_RECVS;
 use crate::verbs::{AccessFlags, CmId, Context, ProtectionDomain, QpCaps};
 
@@ -79,13 +79,9 @@ impl EndpointChoice {
             EndpointChoice::Given(ep) => {
                 raw::check_device(ep, id)?;
                 match opts.completion_mode {
-                    Some(m) if m != ep.options().completion_mode => {
-                        Err(Error::InvalidArgument(format!(
-                            "ConnectOptions::completion_mode {m:?} differs from the endpoint's \
-                             {:?}: the mode belongs to the endpoint (EndpointOptions)",
-                            ep.options().completion_mode
-                        )))
-                    }
+                    Some(m) if m != ep.options().completion_mode => Err(Error::InvalidArgument(
+                        m.mismatch(ep.options().completion_mode),
+                    )),
                     _ => Ok(ep.clone()),
                 }
             }
@@ -126,10 +122,11 @@ fn recv_depth(opts: &ConnectOptions) -> u32 {
 pub(crate) fn raw_options(opts: &ConnectOptions, timeout: Duration) -> Result<RawOptions> {
     check_limits(opts)?;
     if opts.retry_count > 6 {
-        return Err(Error::InvalidArgument(format!(
-            "retry_count {} is not in 0..=6 (7 means retry forever on some devices)",
-            opts.retry_count
-        )));
+        return Err(Error::InvalidArgument(
+            InvalidArgument::RetryCountOutOfRange {
+                retry_count: opts.retry_count,
+            },
+        ));
     }
     let p = &opts.params;
     let qp = QpOptions {
@@ -182,20 +179,19 @@ pub(crate) fn on_shared_recv(opts: &ConnectOptions, srq: &SharedRecv) -> Result<
         (e.atomics, "atomics(true)"),
         (e.rendezvous, "rendezvous_threshold(Some(..))"),
     ];
-    if let Some((_, what)) = refused.iter().find(|(asked, _)| *asked) {
-        return Err(Error::InvalidArgument(format!(
-            "ConnectOptions::{what} cannot apply on an endpoint with a shared receive queue: \
-             its connections share one protection domain, so memory opened to one peer would \
-             be open to every peer"
-        )));
+    if let Some(&(_, option)) = refused.iter().find(|(asked, _)| *asked) {
+        return Err(Error::InvalidArgument(InvalidArgument::OfferWithSrq {
+            option,
+        }));
     }
     let size = srq.buffer_size();
     if e.recv_buf_size && opts.params.recv_buf_size != size {
-        return Err(Error::InvalidArgument(format!(
-            "ConnectOptions::recv_buf_size {} differs from the shared receive queue's buffer \
-             size {size} (SrqOptions::buffer_size), which every connection on it receives into",
-            opts.params.recv_buf_size
-        )));
+        return Err(Error::InvalidArgument(
+            InvalidArgument::RecvBufSizeMismatch {
+                recv_buf_size: opts.params.recv_buf_size,
+                srq_buffer_size: size,
+            },
+        ));
     }
     let mut o = opts.clone();
     let offers = Flags::ONE_SIDED.bits() | Flags::ATOMICS.bits() | Flags::RENDEZVOUS.bits();
@@ -294,16 +290,13 @@ pub(crate) fn pool_bytes(n: &Negotiated, opts: &ConnectOptions, shared_recv: boo
 /// Refuses local limits that cannot work.
 fn check_limits(opts: &ConnectOptions) -> Result<()> {
     if opts.max_send_chunk < handshake::MIN_RECV_BUF_SIZE {
-        return Err(Error::InvalidArgument(format!(
-            "max_send_chunk {} is below {} bytes",
-            opts.max_send_chunk,
-            handshake::MIN_RECV_BUF_SIZE
-        )));
+        return Err(Error::InvalidArgument(InvalidArgument::SendChunkTooSmall {
+            max_send_chunk: opts.max_send_chunk,
+            min: handshake::MIN_RECV_BUF_SIZE,
+        }));
     }
     if opts.max_staged_chunks == 0 {
-        return Err(Error::InvalidArgument(
-            "max_staged_chunks 0: copied sends could never go out".into(),
-        ));
+        return Err(Error::InvalidArgument(InvalidArgument::ZeroStagedChunks));
     }
     Ok(())
 }

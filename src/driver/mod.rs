@@ -51,7 +51,7 @@ pub(crate) use shared::Shared;
 pub(crate) use sink::srq_wr_id;
 pub(crate) use wait::{Waiter, wait_until};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::{CompletionChannel, CompletionQueue, Context};
 use tokio::sync::Notify;
 
@@ -136,11 +136,12 @@ impl Driver {
     /// why the completion queue cannot take them.
     pub(crate) fn reserve_cq(&self, n: u64) -> Result<()> {
         self.try_reserve(n).map_err(|(used, cap)| {
-            Error::InvalidArgument(format!(
-                "completion queue of {cap} entries cannot take {n} more ({used} already used): \
-                 raise EndpointOptions::cq_size up to the device's max_cqe {}",
-                self.context().device_attr().max_cqe
-            ))
+            Error::InvalidArgument(InvalidArgument::CqFull {
+                capacity: cap,
+                needed: n,
+                used,
+                max_cqe: self.context().device_attr().max_cqe,
+            })
         })
     }
 

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::error::InvalidArgument;
 use crate::verbs::QpCaps;
 
 /// How a future waits for its completion (see `docs/architecture.md`, "Waiting").
@@ -46,6 +47,27 @@ impl Default for CompletionMode {
     fn default() -> Self {
         CompletionMode::Adaptive {
             max_spin: Duration::from_millis(2),
+        }
+    }
+}
+
+impl CompletionMode {
+    /// Why connection options asking for this mode are refused on an endpoint whose mode is
+    /// `endpoint`. The error layer sits below the driver, so it carries each mode as its name
+    /// and `max_spin` (and prints them as `Debug` does).
+    pub(crate) fn mismatch(self, endpoint: CompletionMode) -> InvalidArgument {
+        let parts = |m: CompletionMode| match m {
+            CompletionMode::Event => ("Event", None),
+            CompletionMode::BusyPoll => ("BusyPoll", None),
+            CompletionMode::Adaptive { max_spin } => ("Adaptive", Some(max_spin)),
+        };
+        let ((requested, requested_max_spin), (endpoint, endpoint_max_spin)) =
+            (parts(self), parts(endpoint));
+        InvalidArgument::CompletionModeMismatch {
+            requested,
+            requested_max_spin,
+            endpoint,
+            endpoint_max_spin,
         }
     }
 }

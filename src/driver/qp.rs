@@ -12,7 +12,7 @@ use super::shared::Shared;
 use super::sink::sink_wr_id;
 use super::state::QpEntry;
 use super::{Driver, QpOptions};
-use crate::error::{Error, QpFailure, Result};
+use crate::error::{Error, InvalidArgument, QpFailure, Result, Unsupported};
 use crate::proto::{QpConfig, QpKey};
 use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair, SharedReceiveQueue};
 
@@ -71,12 +71,9 @@ impl AsyncQp {
                     opts.caps.max_recv_wr.min(caps.max_recv_wr),
                     opts.signal_every,
                 ))
-                .ok_or_else(|| {
-                    crate::Error::Unsupported(format!(
-                        "more than {} queue pairs on one completion queue",
-                        crate::proto::QpKey::MAX_INDEX
-                    ))
-                })?;
+                .ok_or(Error::Unsupported(Unsupported::TooManyQueuePairs {
+                    max: crate::proto::QpKey::MAX_INDEX,
+                }))?;
             if st.qps.len() <= key.index() {
                 st.qps.resize_with(key.index() + 1, || None);
             }
@@ -320,14 +317,12 @@ impl Driver {
         };
         let need = u64::from(opts.caps.max_send_wr) + recv;
         self.try_reserve(need).map_err(|(used, cap)| {
-            Error::InvalidArgument(format!(
-                "completion queue of {cap} entries cannot take another queue pair of depth {need} \
-                 ({used} already used; every queue pair reserves its send and receive depths): \
-                 raise EndpointOptions::cq_size (or DriverOptions::cq_size) up to the \
-                 device's max_cqe {}, use shallower queues (ConnectOptions::recv_credits, \
-                 send_queue_depth), or open another Endpoint on the device",
-                self.context().device_attr().max_cqe
-            ))
+            Error::InvalidArgument(InvalidArgument::CqFullForQp {
+                capacity: cap,
+                depth: need,
+                used,
+                max_cqe: self.context().device_attr().max_cqe,
+            })
         })?;
         match AsyncQp::create(self.clone(), pd, opts, srq, need) {
             Ok(qp) => Ok(qp),

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 
 use crate::buf::{IoBufMut, RemoteToken};
 use crate::driver::{OpConfig, RawOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::proto::WorkRequest;
 use crate::verbs::{SendOp, Sge};
 
@@ -18,18 +18,18 @@ fn atomic_request<B: IoBufMut>(
 ) -> Result<WorkRequest> {
     if buf.bytes_total() < 8 {
         return Err(Error::InvalidArgument(
-            "an atomic needs an 8-byte local buffer".into(),
+            InvalidArgument::AtomicBufferTooSmall,
         ));
     }
     let remote_addr = remote.check(0, 8)?;
     if remote_addr % 8 != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "atomic target {remote_addr:#x} is not 8-byte aligned"
-        )));
+        return Err(Error::InvalidArgument(InvalidArgument::AtomicUnaligned {
+            addr: remote_addr,
+        }));
     }
     let lkey = buf
         .lkey()
-        .ok_or_else(|| Error::InvalidArgument(format!("atomic {}", super::sg::NO_LKEY)))?;
+        .ok_or(Error::InvalidArgument(InvalidArgument::AtomicNoLkey))?;
     let sge = Sge::new(buf.stable_mut_ptr() as u64, 8, lkey);
     Ok(WorkRequest::send(op(remote_addr, remote.rkey()), &[sge]))
 }

@@ -1,7 +1,7 @@
 //! Scatter/gather sources and targets: one buffer or a list of buffers.
 
 use crate::buf::{IoBuf, IoBufMut};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::proto::SgList;
 use crate::verbs::Sge;
 
@@ -40,25 +40,18 @@ pub trait SgTarget: sealed::Sealed + Send + 'static {
 #[derive(Debug, Default)]
 pub struct BufList<B>(pub Vec<B>);
 
-/// Why a buffer without an lkey (a plain `Vec` or `BytesMut`) is refused, and what to use.
-pub(crate) const NO_LKEY: &str = "buffer has no lkey (a plain Vec or BytesMut is not \
-    registered memory): on a Connection take it from the connection's pool \
-    (`conn.pool()?.acquire(len)`; memory registered in any other protection domain is refused \
-    too); on an AsyncQp use a pool or RegisteredBuffer of the queue pair's protection domain";
-
 #[inline]
 fn sge(ptr: *const u8, len: usize, lkey: Option<u32>) -> Result<Option<Sge>> {
     if len == 0 {
         return Ok(None);
     }
-    // Error texts are built only on the error path: the hot path does not allocate.
     let Some(lkey) = lkey else {
-        return Err(Error::InvalidArgument(NO_LKEY.into()));
+        return Err(Error::InvalidArgument(InvalidArgument::NoLkey));
     };
     let Ok(len) = u32::try_from(len) else {
-        return Err(Error::InvalidArgument(format!(
-            "buffer of {len} bytes exceeds 4 GiB"
-        )));
+        return Err(Error::InvalidArgument(InvalidArgument::BufferTooLarge {
+            len,
+        }));
     };
     Ok(Some(Sge::new(ptr as u64, len, lkey)))
 }
@@ -139,9 +132,10 @@ pub(crate) fn target_list<T: SgTarget>(dst: &mut T, max_sge: u32) -> Result<SgLi
 #[inline]
 fn check_count(n: usize, max_sge: u32) -> Result<()> {
     if n > max_sge as usize {
-        return Err(Error::InvalidArgument(format!(
-            "{n} scatter/gather entries exceed the queue pair's limit of {max_sge}"
-        )));
+        return Err(Error::InvalidArgument(InvalidArgument::TooManySges {
+            count: n,
+            max: max_sge,
+        }));
     }
     Ok(())
 }
@@ -153,6 +147,10 @@ mod tests {
     #[test]
     fn unregistered_memory_is_rejected_with_a_clear_error() {
         let err = source_list(&vec![1u8; 4], 4).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument(InvalidArgument::NoLkey)),
+            "{err}"
+        );
         assert!(err.to_string().contains("no lkey"), "{err}");
         // It names what works on a connection (a RegisteredBuffer of one's own is refused
         // there: each connection has its own protection domain).

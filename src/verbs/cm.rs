@@ -74,7 +74,7 @@ use super::cm_qp::CmQpAttr;
 use super::context::Context;
 use super::qp::{QpState, QueuePair};
 use super::types::AccessFlags;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::sys;
 
 /// Private data an RC connect request carries on InfiniBand and RoCE (`rdma_connect(3)`).
@@ -329,16 +329,19 @@ impl<'a> ConnParam<'a> {
             });
         }
         if self.retry_count > 7 || self.rnr_retry_count > 7 {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: retry_count {} / rnr_retry_count {} exceed 7 (3-bit fields)",
-                self.retry_count, self.rnr_retry_count
-            )));
+            return Err(Error::InvalidArgument(
+                InvalidArgument::ConnParamRetryCount {
+                    call: what,
+                    retry_count: self.retry_count,
+                    rnr_retry_count: self.rnr_retry_count,
+                },
+            ));
         }
         if self.qp_num > 0xff_ffff {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: qp_num {:#x} exceeds 24 bits",
-                self.qp_num
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::ConnParamQpNum {
+                call: what,
+                qp_num: self.qp_num,
+            }));
         }
         Ok(sys::rdma_conn_param {
             private_data: if self.private_data.is_empty() {

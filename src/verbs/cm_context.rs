@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::cm::CmId;
 use super::cm_device::CmDeviceList;
 use super::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 
 impl Context {
     /// The device context a CM id is bound to: the `ibv_context` librdmacm opened for it.
@@ -26,17 +26,11 @@ impl Context {
     /// queries fail.
     pub fn from_cm_id(id: &CmId) -> Result<Context> {
         let Some(want) = id.verbs_ptr() else {
-            return Err(Error::InvalidArgument(
-                "the RDMA CM id is not bound to a device yet (resolve its address first, or \
-                 use the id of a CONNECT_REQUEST)"
-                    .into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::CmIdUnbound));
         };
         let list = Arc::new(CmDeviceList::get()?);
         if !list.iter().any(|c| c == want) {
-            return Err(Error::InvalidArgument(
-                "the RDMA CM id's device is not in rdma_get_devices()".into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::CmDeviceUnknown));
         }
         Context::wrap_cm(want, list)
     }

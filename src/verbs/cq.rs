@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use super::channel::CompletionChannel;
 use super::context::Context;
 use super::wc::{WcBatch, WorkCompletion};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::sys;
 
 /// A completion queue. Cheap to clone; destroyed when the last clone and every queue pair
@@ -73,7 +73,7 @@ impl CompletionQueue {
     ) -> Result<CompletionQueue> {
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.as_ptr());
         let n = i32::try_from(cqe)
-            .map_err(|_| Error::InvalidArgument(format!("cqe {cqe} too large")))?;
+            .map_err(|_| Error::InvalidArgument(InvalidArgument::CqeTooLarge { cqe }))?;
         // SAFETY: the context and (optional) channel are alive and the CQ keeps clones of both.
         let cq = unsafe { sys::ibv_create_cq(ctx.as_ptr(), n, std::ptr::null_mut(), ch, 0) };
         let cq = NonNull::new(cq)
@@ -209,9 +209,7 @@ impl CompletionQueue {
     /// [`get_event`](Self::get_event) for the driver that owns the queue.
     pub(crate) fn get_event_driven(&self) -> Result<bool> {
         let Some(channel) = &self.inner.channel else {
-            return Err(Error::InvalidArgument(
-                "CQ has no completion channel".into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::CqWithoutChannel));
         };
         let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -228,9 +226,7 @@ impl CompletionQueue {
         if cq != self.as_ptr() {
             // Not ours: acknowledge it on the CQ it belongs to is impossible without its
             // handle; report misuse (channels are one-per-CQ in this crate).
-            return Err(Error::InvalidArgument(
-                "CQ event for another completion queue on this channel".into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::ForeignCqEvent));
         }
         self.inner.unacked.fetch_add(1, Ordering::Relaxed);
         Ok(true)

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use super::pd::ProtectionDomain;
 use super::types::AccessFlags;
 use super::wr::Sge;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::sys;
 
 /// A registration of a range of memory with the device: pins it and gives it a local key
@@ -230,15 +230,15 @@ impl RegisteredBuffer {
     /// [`MemoryRegion::register`]).
     pub fn new(pd: &ProtectionDomain, len: usize, access: AccessFlags) -> Result<RegisteredBuffer> {
         if len == 0 {
-            return Err(Error::InvalidArgument(
-                "cannot register an empty buffer".into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::EmptyRegistration));
         }
-        let layout = Layout::from_size_align(len, PAGE)
-            .map_err(|e| Error::InvalidArgument(format!("buffer of {len} bytes: {e}")))?;
+        let layout = Layout::from_size_align(len, PAGE).map_err(|error| {
+            Error::InvalidArgument(InvalidArgument::BufferLayout { len, error })
+        })?;
         // SAFETY: `layout` has non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })
-            .ok_or_else(|| Error::InvalidArgument(format!("allocation of {len} bytes failed")))?;
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(Error::InvalidArgument(
+            InvalidArgument::AllocationFailed { len },
+        ))?;
         // SAFETY: the allocation lives until `Drop`, which deregisters before freeing.
         let mr = unsafe { MemoryRegion::register(pd, ptr.as_ptr(), len, access) };
         match mr {

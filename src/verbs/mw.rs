@@ -9,7 +9,7 @@ use super::mr::MemoryRegion;
 use super::pd::ProtectionDomain;
 use super::qp::QueuePair;
 use super::types::AccessFlags;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::sys;
 
 /// A type-2 memory window. Remote peers can use it only after a bind (posted with
@@ -94,18 +94,19 @@ impl MemoryWindow {
             .union(AccessFlags::REMOTE_WRITE)
             .union(AccessFlags::REMOTE_ATOMIC);
         if access.bits() & !remote.bits() != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "window rights must be remote rights only, got {access:?}"
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::WindowRights {
+                access,
+            }));
         }
         let inside = addr >= mr.addr()
             && addr
                 .checked_add(len)
                 .is_some_and(|end| end <= mr.addr() + mr.len() as u64);
         if !inside {
-            return Err(Error::InvalidArgument(format!(
-                "window range {addr:#x}+{len} is outside its memory region"
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::WindowRange {
+                addr,
+                len,
+            }));
         }
         // SAFETY: the window is alive; `rkey` is a plain field.
         let current = unsafe { (*self.mw.as_ptr()).rkey };

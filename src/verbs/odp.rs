@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use super::mr::MemoryRegion;
 use super::pd::ProtectionDomain;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::sys;
 
 /// What [`MemoryRegion::prefetch`] asks the device to do with the pages of a range
@@ -36,18 +36,16 @@ impl Prefetch {
 /// The `ibv_sge` of `range` of `mr`, checked against the region.
 fn advise_sge(mr: &MemoryRegion, range: &Range<usize>) -> Result<sys::ibv_sge> {
     if !mr.is_on_demand() {
-        return Err(Error::InvalidArgument(
-            "prefetch needs a region registered with AccessFlags::ON_DEMAND".into(),
-        ));
+        return Err(Error::InvalidArgument(InvalidArgument::PrefetchNotOnDemand));
     }
     let length = u32::try_from(range.len())
         .ok()
         .filter(|_| range.start < range.end && range.end <= mr.len());
     let Some(length) = length else {
-        return Err(Error::InvalidArgument(format!(
-            "prefetch range {range:?} is empty, longer than 4 GiB or outside the {}-byte region",
-            mr.len()
-        )));
+        return Err(Error::InvalidArgument(InvalidArgument::PrefetchRange {
+            range: range.clone(),
+            region_len: mr.len(),
+        }));
     };
     Ok(sys::ibv_sge {
         addr: mr.addr() + range.start as u64,
@@ -123,7 +121,7 @@ impl MemoryRegion {
         let pd = self.pd().clone();
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return Err(Error::InvalidArgument(
-                "MemoryRegion::prefetch needs a Tokio runtime".into(),
+                InvalidArgument::PrefetchWithoutRuntime,
             ));
         };
         match handle

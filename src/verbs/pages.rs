@@ -8,7 +8,7 @@ use std::fmt;
 use std::io;
 use std::ptr::NonNull;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 
 /// Size of a huge page as requested with `MAP_HUGE_2MB`.
 pub const HUGE_PAGE_SIZE: usize = 2 << 20;
@@ -68,7 +68,7 @@ impl PageMapping {
     /// [`HugePages::Require`]: if no huge pages are available).
     pub fn new(len: usize, huge: HugePages) -> Result<PageMapping> {
         if len == 0 {
-            return Err(Error::InvalidArgument("cannot map 0 bytes".into()));
+            return Err(Error::InvalidArgument(InvalidArgument::EmptyMapping));
         }
         if huge != HugePages::Never {
             match map(round_up(len, HUGE_PAGE_SIZE)?, true) {
@@ -103,7 +103,9 @@ impl PageMapping {
 
 fn round_up(len: usize, to: usize) -> Result<usize> {
     len.checked_next_multiple_of(to)
-        .ok_or_else(|| Error::InvalidArgument(format!("mapping of {len} bytes overflows")))
+        .ok_or(Error::InvalidArgument(InvalidArgument::MappingOverflow {
+            len,
+        }))
 }
 
 fn map(len: usize, huge: bool) -> Result<PageMapping> {

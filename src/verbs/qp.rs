@@ -10,7 +10,7 @@ use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
 use super::types::{AccessFlags, Gid, Mtu};
 use super::wr::{RecvWr, SendWr, post_chain};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::sys;
 
 /// Queue pair state (`enum ibv_qp_state`).
@@ -171,25 +171,24 @@ impl QpAddress {
     /// [`Error::InvalidArgument`] for a wrong length, unknown version, QPN or PSN beyond 24
     /// bits, or an invalid MTU.
     pub fn from_bytes(b: &[u8]) -> Result<QpAddress> {
-        let bad = |what: String| Err(Error::InvalidArgument(format!("endpoint: {what}")));
+        let bad = |why: InvalidArgument| Err(Error::InvalidArgument(why));
         if b.len() != Self::WIRE_LEN {
-            return bad(format!(
-                "expected {} bytes, got {}",
-                Self::WIRE_LEN,
-                b.len()
-            ));
+            return bad(InvalidArgument::QpAddressLength {
+                expected: Self::WIRE_LEN,
+                got: b.len(),
+            });
         }
         if b[0] != Self::WIRE_VERSION {
-            return bad(format!("unsupported version {}", b[0]));
+            return bad(InvalidArgument::QpAddressVersion { version: b[0] });
         }
         let word =
             |r: std::ops::Range<usize>| u32::from_be_bytes(b[r].try_into().expect("4 bytes"));
         let (qpn, psn) = (word(1..5), word(5..9));
         if qpn > 0xff_ffff || psn > 0xff_ffff {
-            return bad("qpn/psn exceed 24 bits".into());
+            return bad(InvalidArgument::QpAddressQpnPsn { qpn, psn });
         }
         let Some(mtu) = Mtu::from_raw(u32::from(b[27])) else {
-            return bad(format!("invalid mtu code {}", b[27]));
+            return bad(InvalidArgument::QpAddressMtu { code: b[27] });
         };
         Ok(QpAddress {
             qpn,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::pd::ProtectionDomain;
 use super::wr::RecvWr;
 use super::wr::post_chain;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result, Unsupported};
 use crate::sys;
 
 /// The attributes of a shared receive queue, as the device granted them.
@@ -91,19 +91,18 @@ impl SharedReceiveQueue {
         let ctx = pd.context();
         let dev = ctx.device_attr();
         if dev.max_srq == 0 {
-            return Err(Error::Unsupported(format!(
-                "{} has no shared receive queues",
-                ctx.name()
-            )));
+            return Err(Error::Unsupported(Unsupported::NoSrq {
+                device: ctx.name().to_string(),
+            }));
         }
         if max_wr == 0 || max_wr > dev.max_srq_wr || max_sge == 0 || max_sge > dev.max_srq_sge {
-            return Err(Error::InvalidArgument(format!(
-                "a shared receive queue of {max_wr} receives x {max_sge} entries: {} allows \
-                 1..={} receives and 1..={} entries (max_srq_wr, max_srq_sge)",
-                ctx.name(),
-                dev.max_srq_wr,
-                dev.max_srq_sge
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::SrqSize {
+                max_wr,
+                max_sge,
+                device: ctx.name().to_string(),
+                max_srq_wr: dev.max_srq_wr,
+                max_srq_sge: dev.max_srq_sge,
+            }));
         }
         let mut init = sys::ibv_srq_init_attr {
             attr: sys::ibv_srq_attr {

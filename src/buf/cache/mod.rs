@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::index::RangeIndex;
 use super::registrar::{MrRegistrar, Registrar, Registration};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::{AccessFlags, BASE_PAGE_SIZE, ProtectionDomain};
 
 /// Cache configuration.
@@ -320,12 +320,12 @@ impl RegCache {
     /// unmapped range gives [`Error::RegMr`] with `EFAULT`).
     pub fn lookup_or_register(&self, ptr: *const u8, len: usize) -> Result<MrLease> {
         let start = ptr as u64;
-        let end = start
-            .checked_add(len as u64)
-            .filter(|_| len > 0)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("cannot register {len} bytes at {ptr:p}"))
-            })?;
+        let Some(end) = start.checked_add(len as u64).filter(|_| len > 0) else {
+            return Err(Error::InvalidArgument(InvalidArgument::CacheRange {
+                len,
+                addr: ptr as usize,
+            }));
+        };
         if let Some(lease) = self.hit(start, end) {
             return Ok(lease);
         }

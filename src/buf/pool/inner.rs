@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicU64;
 use super::freelist::{FreeList, home_hint};
 use super::waiters::WaitQueue;
 use crate::buf::registrar::Registration;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::PageMapping;
 
 /// The state shared by a [`Pool`](super::Pool)'s clones and its [`PoolBuf`](super::PoolBuf)s.
@@ -31,9 +31,9 @@ impl PoolInner {
         let i = self.classes.partition_point(|c| c.size < len);
         if i == self.classes.len() {
             let max = self.classes.last().map_or(0, |c| c.size);
-            return Err(Error::InvalidArgument(format!(
-                "pool buffer of {len} bytes requested; the largest size class is {max} bytes"
-            )));
+            return Err(Error::InvalidArgument(
+                InvalidArgument::PoolBufferTooLarge { len, largest: max },
+            ));
         }
         Ok(i)
     }

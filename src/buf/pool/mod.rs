@@ -53,7 +53,7 @@ use self::inner::{Class, PoolInner};
 use self::freelist::{FreeList, home_hint};
 use self::waiters::{Registered, WaitQueue};
 use super::registrar::{MrRegistrar, Registrar};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::{AccessFlags, HugePages, OdpOps, PageMapping, ProtectionDomain};
 
 /// Slot sizes are rounded up to this, so every buffer is cache-line (and 8-byte) aligned.
@@ -389,7 +389,7 @@ impl Pool {
 
 fn normalize(classes: &[SizeClass]) -> Result<Vec<SizeClass>> {
     if classes.is_empty() {
-        return Err(Error::InvalidArgument("a pool needs a size class".into()));
+        return Err(Error::InvalidArgument(InvalidArgument::NoSizeClass));
     }
     let mut out: Vec<SizeClass> = Vec::with_capacity(classes.len());
     for c in classes {
@@ -401,18 +401,23 @@ fn normalize(classes: &[SizeClass]) -> Result<Vec<SizeClass>> {
             n > 0 && u32::try_from(n).is_ok_and(|n| n < u32::MAX) && s.checked_mul(n).is_some()
         });
         let Some((size, count)) = ok else {
-            return Err(Error::InvalidArgument(format!("invalid size class {c:?}")));
+            return Err(Error::InvalidArgument(InvalidArgument::InvalidSizeClass {
+                size: c.size,
+                count: c.count,
+            }));
         };
         out.push(SizeClass { size, count });
     }
     out.sort_by_key(|c| c.size);
     if out.windows(2).any(|w| w[0].size == w[1].size) {
-        return Err(Error::InvalidArgument(format!(
-            "duplicate size classes in {classes:?}"
-        )));
+        return Err(Error::InvalidArgument(
+            InvalidArgument::DuplicateSizeClasses {
+                classes: classes.iter().map(|c| (c.size, c.count)).collect(),
+            },
+        ));
     }
     if out.len() > usize::from(u16::MAX) {
-        return Err(Error::InvalidArgument("too many size classes".into()));
+        return Err(Error::InvalidArgument(InvalidArgument::TooManySizeClasses));
     }
     Ok(out)
 }

@@ -32,7 +32,7 @@ use tracing::debug;
 use super::cm_async::AsyncChannel;
 use crate::conn::device::Device;
 use crate::driver::{AsyncQp, QpOptions};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::{
     AccessFlags, CmEventKind, CmId, ConnParam, Context, PeerConnParam, ProtectionDomain, QpCaps,
     QpState,
@@ -195,15 +195,13 @@ impl RawOptions {
     /// Checks what can be checked before anything is created.
     fn validate(&self) -> Result<()> {
         if self.retry_count > 7 || self.rnr_retry_count > 7 {
-            return Err(Error::InvalidArgument(format!(
-                "retry_count {} / rnr_retry_count {} exceed 7 (3-bit fields)",
-                self.retry_count, self.rnr_retry_count
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::RawRetryCount {
+                retry_count: self.retry_count,
+                rnr_retry_count: self.rnr_retry_count,
+            }));
         }
         if self.qp.caps.max_send_wr == 0 && self.qp.caps.max_recv_wr == 0 {
-            return Err(Error::InvalidArgument(
-                "a raw queue pair needs a send or a receive queue".into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::RawQpWithoutQueues));
         }
         Ok(())
     }
@@ -236,11 +234,10 @@ pub(crate) fn check_device(endpoint: &Device, id: &CmId) -> Result<()> {
     if endpoint.owns(&ctx) {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!(
-            "the address is reached through device {}, not through the endpoint's device {}",
-            ctx.name(),
-            endpoint.device_name()
-        )))
+        Err(Error::InvalidArgument(InvalidArgument::WrongDevice {
+            device: ctx.name().to_string(),
+            endpoint_device: endpoint.device_name().to_string(),
+        }))
     }
 }
 

@@ -9,7 +9,7 @@ use super::{CmSetup, RawConnection, RawOptions, create_qp, reject};
 use crate::conn::cm_async::AsyncChannel;
 use crate::conn::device::Device;
 use crate::driver::AsyncQp;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::{CmEventKind, CmId, EventChannel, PeerConnParam, ProtectionDomain, QpState};
 
 /// Listens for raw connection requests on an address: each [`next`](Self::next) gives one
@@ -186,9 +186,10 @@ impl RawRequest {
     /// another device than the endpoint's; verb errors. The request is then rejected with
     /// the error's text as the reason (`"tokio-rdma: ..."`).
     pub fn prepare(self, opts: RawOptions) -> Result<RawAccepting> {
-        let endpoint = self.endpoint.clone().ok_or_else(|| {
-            Error::InvalidArgument("the listener has no endpoint for raw requests".into())
-        })?;
+        let endpoint = self
+            .endpoint
+            .clone()
+            .ok_or(Error::InvalidArgument(InvalidArgument::NoRawEndpoint))?;
         self.prepare_on(&endpoint, opts)
     }
 

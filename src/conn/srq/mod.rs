@@ -54,7 +54,7 @@ use budget::{Budget, Claim};
 
 use crate::buf::{Pool, PoolBuf, PoolConfig, PoolMetrics, SizeClass};
 use crate::driver::{Deferred, Driver, Sink, srq_wr_id};
-use crate::error::{Error, QpFailure, Result};
+use crate::error::{Error, InvalidArgument, QpFailure, Result, Unsupported};
 use crate::proto::Cqe;
 use crate::proto::conn::CONTROL_RECVS;
 use crate::verbs::{ProtectionDomain, RecvWr, SharedReceiveQueue};
@@ -191,30 +191,32 @@ impl SharedRecv {
         let ctx = driver.context();
         let dev = ctx.device_attr();
         if opts.buffers == 0 || opts.buffers >= SRQ_BIT {
-            return Err(Error::InvalidArgument(format!(
-                "SrqOptions::buffers {} is not in 1..{SRQ_BIT}",
-                opts.buffers
-            )));
+            return Err(Error::InvalidArgument(
+                InvalidArgument::SrqBuffersOutOfRange {
+                    buffers: opts.buffers,
+                    limit: SRQ_BIT,
+                },
+            ));
         }
         if !(crate::conn::handshake::MIN_RECV_BUF_SIZE..=crate::conn::handshake::MAX_RECV_BUF_SIZE)
             .contains(&opts.buffer_size)
         {
-            return Err(Error::InvalidArgument(format!(
-                "SrqOptions::buffer_size {} is not in 64..=16 MiB",
-                opts.buffer_size
-            )));
+            return Err(Error::InvalidArgument(
+                InvalidArgument::SrqBufferSizeOutOfRange {
+                    buffer_size: opts.buffer_size,
+                },
+            ));
         }
-        if opts.low_watermark.is_some_and(|w| w >= opts.buffers) {
-            return Err(Error::InvalidArgument(format!(
-                "SrqOptions::low_watermark {:?} is not below buffers {}",
-                opts.low_watermark, opts.buffers
-            )));
+        if let Some(low_watermark) = opts.low_watermark.filter(|&w| w >= opts.buffers) {
+            return Err(Error::InvalidArgument(InvalidArgument::SrqLowWatermark {
+                low_watermark,
+                buffers: opts.buffers,
+            }));
         }
         if dev.max_srq == 0 {
-            return Err(Error::Unsupported(format!(
-                "{} has no shared receive queues",
-                ctx.name()
-            )));
+            return Err(Error::Unsupported(Unsupported::NoSrq {
+                device: ctx.name().to_string(),
+            }));
         }
         let pd = ProtectionDomain::new(ctx)?;
         let srq = SharedReceiveQueue::new(&pd, opts.buffers, 1)?;

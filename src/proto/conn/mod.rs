@@ -70,7 +70,7 @@ pub use rdv_state::{DESCRIPTOR_LEN, RDV_WINDOW, RemoteMsg};
 pub use types::{Chunk, ConnConfig, ConnCounters, Delivery, Transmit};
 
 use super::msg::{MsgHeader, MsgKind};
-use crate::error::{Error, ProtocolError, QpFailure};
+use crate::error::{Error, InvalidArgument, ProtocolError, QpFailure};
 
 #[derive(Debug)]
 struct OutMsg {
@@ -338,10 +338,10 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             return Err(Error::QpFailed(QpFailure::Closed));
         }
         if len > self.cfg.max_message_size {
-            return Err(Error::InvalidArgument(format!(
-                "message of {len} bytes exceeds the connection's limit of {}",
-                self.cfg.max_message_size
-            )));
+            return Err(Error::InvalidArgument(InvalidArgument::MessageTooLarge {
+                len,
+                max: self.cfg.max_message_size,
+            }));
         }
         Ok(self.queue(len, false))
     }

@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Waker};
 
 use super::rdv_state::{DESCRIPTOR_LEN, RDV_WINDOW, RdvOut, RemoteMsg};
 use super::{Chunk, ConnProto, Delivery};
-use crate::error::{Error, ProtocolError};
+use crate::error::{Error, InvalidArgument, ProtocolError};
 use crate::proto::msg::MsgKind;
 
 impl<B: AsRef<[u8]>> ConnProto<B> {
@@ -29,13 +29,11 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     pub fn start_send_rendezvous(&mut self, len: u64) -> Result<u64, Error> {
         if !self.cfg.rendezvous {
             return Err(Error::InvalidArgument(
-                "rendezvous was not negotiated on this connection".into(),
+                InvalidArgument::RendezvousNotNegotiated,
             ));
         }
         if len == 0 {
-            return Err(Error::InvalidArgument(
-                "an empty message cannot go by rendezvous".into(),
-            ));
+            return Err(Error::InvalidArgument(InvalidArgument::EmptyRendezvous));
         }
         self.start_send(len)?;
         let msg = self.out.back_mut().expect("just queued");
