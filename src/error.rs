@@ -21,7 +21,7 @@ mod io_kind;
 mod protocol;
 mod unsupported;
 
-pub use invalid::InvalidArgument;
+pub use invalid::{InvalidArgument, ModeMismatch};
 pub use protocol::ProtocolError;
 pub use unsupported::Unsupported;
 

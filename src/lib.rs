@@ -85,4 +85,6 @@ pub mod verbs;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use conn::export::MetricsExporter;
 pub use endpoint::{DEFAULT_MEMORY_BUDGET, Endpoint, EndpointOptions, MemoryStats};
-pub use error::{Error, InvalidArgument, ProtocolError, QpFailure, Result, Unsupported, WcStatus};
+pub use error::{
+    Error, InvalidArgument, ModeMismatch, ProtocolError, QpFailure, Result, Unsupported, WcStatus,
+};

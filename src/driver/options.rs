@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::error::InvalidArgument;
+use crate::error::{InvalidArgument, ModeMismatch};
 use crate::verbs::QpCaps;
 
 /// How a future waits for its completion (see `docs/architecture.md`, "Waiting").
@@ -63,12 +63,12 @@ impl CompletionMode {
         };
         let ((requested, requested_max_spin), (endpoint, endpoint_max_spin)) =
             (parts(self), parts(endpoint));
-        InvalidArgument::CompletionModeMismatch {
+        InvalidArgument::CompletionModeMismatch(Box::new(ModeMismatch {
             requested,
             requested_max_spin,
             endpoint,
             endpoint_max_spin,
-        }
+        }))
     }
 }
 

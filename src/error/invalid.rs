@@ -194,25 +194,18 @@ pub enum InvalidArgument {
         /// The `max_spin` asked for.
         max_spin: Duration,
     },
-    /// `ConnectOptions::completion_mode` differs from the endpoint's mode.
+    /// `ConnectOptions::completion_mode` differs from the endpoint's mode (boxed: the two
+    /// modes would make every [`Error`](crate::Error) 8 bytes larger, and errors move through
+    /// every operation's result).
     ///
     /// What to do: leave it unset; the mode belongs to the endpoint (`EndpointOptions`).
     #[error(
         "ConnectOptions::completion_mode {} differs from the endpoint's {}: \
          the mode belongs to the endpoint (EndpointOptions)",
-        mode(requested, *requested_max_spin),
-        mode(endpoint, *endpoint_max_spin)
+        mode(.0.requested, .0.requested_max_spin),
+        mode(.0.endpoint, .0.endpoint_max_spin)
     )]
-    CompletionModeMismatch {
-        /// The mode asked for, by name (`"Event"`, `"BusyPoll"`, `"Adaptive"`).
-        requested: &'static str,
-        /// Its `max_spin`, for `Adaptive`.
-        requested_max_spin: Option<Duration>,
-        /// The endpoint's mode, by name.
-        endpoint: &'static str,
-        /// Its `max_spin`, for `Adaptive`.
-        endpoint_max_spin: Option<Duration>,
-    },
+    CompletionModeMismatch(Box<ModeMismatch>),
     /// `Endpoint::export_metrics` with a period of zero.
     #[error("a metrics export period of zero")]
     ZeroExportPeriod,
@@ -628,6 +621,22 @@ pub enum InvalidArgument {
     /// A raw request prepared on a listener that has no endpoint.
     #[error("the listener has no endpoint for raw requests")]
     NoRawEndpoint,
+}
+
+/// The two completion modes of [`InvalidArgument::CompletionModeMismatch`], each as its name
+/// (`"Event"`, `"BusyPoll"`, `"Adaptive"`) and `max_spin` (for `Adaptive`): the error layer sits
+/// below the driver's `CompletionMode`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ModeMismatch {
+    /// The mode asked for.
+    pub requested: &'static str,
+    /// Its `max_spin`, for `Adaptive`.
+    pub requested_max_spin: Option<Duration>,
+    /// The endpoint's mode.
+    pub endpoint: &'static str,
+    /// Its `max_spin`, for `Adaptive`.
+    pub endpoint_max_spin: Option<Duration>,
 }
 
 /// A completion mode as its `Debug` shows it: `Event`, `Adaptive { max_spin: 2ms }`.

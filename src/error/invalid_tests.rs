@@ -221,3 +221,14 @@ fn io_error_kinds() {
     let e: io::Error = Error::Unsupported(Unsupported::NoMwBindRegistration).into();
     assert_eq!(e.kind(), io::ErrorKind::Unsupported);
 }
+
+#[test]
+fn an_error_stays_small_enough_to_move_through_every_result() {
+    // Every operation's outcome is a `Result<_, Error>` moved through several layers: a
+    // variant that grows `Error` costs every operation (the mode mismatch is boxed for this).
+    assert!(
+        std::mem::size_of::<crate::Error>() <= 56,
+        "Error is {} bytes",
+        std::mem::size_of::<crate::Error>()
+    );
+}
