@@ -21,6 +21,7 @@ mod io_kind;
 mod protocol;
 mod unsupported;
 
+pub(crate) use invalid::remote_access_debug;
 pub use invalid::{InvalidArgument, ModeMismatch};
 pub use protocol::ProtocolError;
 pub use unsupported::Unsupported;

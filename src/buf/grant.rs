@@ -116,23 +116,9 @@ impl BitOr for RemoteAccess {
 
 impl fmt::Debug for RemoteAccess {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names = [
-            (Self::READ, "READ"),
-            (Self::WRITE, "WRITE"),
-            (Self::ATOMIC, "ATOMIC"),
-            (Self::ON_DEMAND, "ON_DEMAND"),
-        ];
-        let set: Vec<&str> = names
-            .iter()
-            .filter(|(r, _)| self.contains(*r))
-            .map(|(_, n)| *n)
-            .collect();
-        let set = if set.is_empty() {
-            "NONE".to_string()
-        } else {
-            set.join(" | ")
-        };
-        write!(f, "RemoteAccess({set})")
+        // One spelling, shared with the error messages that name rights (the error layer,
+        // below this one, carries them as verbs flags).
+        f.write_str(&crate::error::remote_access_debug(self.to_flags()))
     }
 }
 

@@ -287,7 +287,7 @@ pub enum InvalidArgument {
     #[error(
         "a grant of {} on a connection that does not offer one-sided access \
          (ConnectOptions::one_sided(true) on this side)",
-        remote_access(*access)
+        remote_access_debug(*access)
     )]
     GrantWithoutOneSided {
         /// The rights asked for ([`RemoteAccess::to_flags`](crate::buf::RemoteAccess::to_flags)).
@@ -299,7 +299,7 @@ pub enum InvalidArgument {
     #[error(
         "a grant of {} on a connection that does not offer atomics \
          (ConnectOptions::atomics(true) on this side)",
-        remote_access(*access)
+        remote_access_debug(*access)
     )]
     GrantWithoutAtomics {
         /// The rights asked for ([`RemoteAccess::to_flags`](crate::buf::RemoteAccess::to_flags)).
@@ -354,7 +354,7 @@ pub enum InvalidArgument {
     /// A shared grant with no right, or asked on demand.
     #[error(
         "a shared grant needs read, write or atomic rights and is pinned; got {}",
-        remote_access(*access)
+        remote_access_debug(*access)
     )]
     SharedGrantRights {
         /// The rights asked for ([`RemoteAccess::to_flags`](crate::buf::RemoteAccess::to_flags)).
@@ -648,8 +648,8 @@ fn mode(name: &str, max_spin: Option<Duration>) -> String {
 }
 
 /// Remote rights (as verbs flags) as `RemoteAccess`'s `Debug` shows them:
-/// `RemoteAccess(READ | WRITE)`.
-fn remote_access(flags: AccessFlags) -> String {
+/// `RemoteAccess(READ | WRITE)` (that `Debug` calls this).
+pub(crate) fn remote_access_debug(flags: AccessFlags) -> String {
     let names = [
         (AccessFlags::REMOTE_READ, "READ"),
         (AccessFlags::REMOTE_WRITE, "WRITE"),
