@@ -136,11 +136,7 @@ impl<P> Core<P> {
     }
 
     fn live_mut(&mut self, qp: QpKey) -> Option<&mut QpSlot> {
-        let i = qp.index();
-        if self.gens.get(i) != Some(&qp.generation()) {
-            return None;
-        }
-        self.qps.get_mut(i)?.as_mut()
+        live_slot(&mut self.qps, &self.gens, qp)
     }
 
     /// The slot of a queue pair known to be live (it has entries in the table, or the caller
@@ -246,11 +242,9 @@ impl<P> Core<P> {
     /// As [`submit_unparked`](Self::submit_unparked).
     pub fn submit_posted(&mut self, qp: QpKey, queue: Queue) -> Result<Option<(u64, bool)>, Error> {
         // One look at the queue pair's slot (checks, room, accounting), beside the table.
-        let i = qp.index();
         let Core { table, qps, gens } = self;
-        let slot = match qps.get_mut(i).and_then(Option::as_mut) {
-            Some(slot) if gens.get(i) == Some(&qp.generation()) => slot,
-            _ => return Err(Error::QpFailed(QpFailure::Closed)),
+        let Some(slot) = live_slot(qps, gens, qp) else {
+            return Err(Error::QpFailed(QpFailure::Closed));
         };
         if let Some(f) = &slot.failure {
             return Err(Error::QpFailed(f.clone()));
@@ -295,12 +289,8 @@ impl<P> Core<P> {
     /// must post exactly these, in this order, while still holding the core's lock (the send
     /// queue's order is how unsignaled requests are retired).
     pub fn take_postable(&mut self, qp: QpKey, out: &mut Vec<PostItem>) {
-        let i = qp.index();
-        if self.gens.get(i) != Some(&qp.generation()) {
-            return;
-        }
-        let Core { table, qps, .. } = self;
-        let Some(slot) = qps.get_mut(i).and_then(Option::as_mut) else {
+        let Core { table, qps, gens } = self;
+        let Some(slot) = live_slot(qps, gens, qp) else {
             return;
         };
         if slot.failure.is_some() {
@@ -511,15 +501,11 @@ impl<P> Core<P> {
             return None;
         }
         let (qp, queue) = (entry.qp, entry.queue);
-        let i = qp.index();
-        let slot = match qps.get_mut(i).and_then(Option::as_mut) {
-            Some(slot) if gens.get(i) == Some(&qp.generation()) => slot,
+        let Some(slot) = live_slot(qps, gens, qp) else {
             // Posted requests keep their queue pair registered: unreachable, but never apply a
             // completion to a queue pair that is gone.
-            _ => {
-                out.unknown += 1;
-                return None;
-            }
+            out.unknown += 1;
+            return None;
         };
         // Queued requests can only become postable if there are any (most often none).
         let queued = !slot.sq_pending.is_empty() || !slot.rq_pending.is_empty();
@@ -668,6 +654,18 @@ impl<P> Core<P> {
             }
         }
     }
+}
+
+/// The slot of `qp` if the key names a registered queue pair (its generation is the index's
+/// current one). A free function over the two fields, so that a caller can hold the slot and
+/// the operation table at once.
+#[inline]
+fn live_slot<'a>(qps: &'a mut [Option<QpSlot>], gens: &[u64], qp: QpKey) -> Option<&'a mut QpSlot> {
+    let i = qp.index();
+    if gens.get(i) != Some(&qp.generation()) {
+        return None;
+    }
+    qps.get_mut(i)?.as_mut()
 }
 
 /// Records `outcome` for `wr_id` (or releases the payload of a cancelled one) and collects its
