@@ -216,13 +216,18 @@ pub struct Slice<T> {
 impl<T: IoBuf> Slice<T> {
     pub(crate) fn new(buf: T, range: impl RangeBounds<usize>) -> Slice<T> {
         let total = buf.bytes_total();
+        // A bound past `usize::MAX` (`n + 1` overflows) is out of bounds, never wrapped.
+        let past = |n: usize| {
+            n.checked_add(1)
+                .unwrap_or_else(|| panic!("slice bound {n} + 1 out of bounds of {total}"))
+        };
         let begin = match range.start_bound() {
             Bound::Included(&n) => n,
-            Bound::Excluded(&n) => n + 1,
+            Bound::Excluded(&n) => past(n),
             Bound::Unbounded => 0,
         };
         let end = match range.end_bound() {
-            Bound::Included(&n) => n + 1,
+            Bound::Included(&n) => past(n),
             Bound::Excluded(&n) => n,
             Bound::Unbounded => buf.bytes_init(),
         };
@@ -339,6 +344,25 @@ mod tests {
         assert_eq!(v.len(), 25);
         assert_eq!(&v[..5], &[1; 5]);
         assert_eq!(&v[5..25], &[9; 20]);
+    }
+
+    /// At 84e8c41 a bound at `usize::MAX` overflowed `n + 1`: debug builds panicked with an
+    /// arithmetic overflow, release builds wrapped it to 0 and accepted the slice (`..=MAX`
+    /// became an empty slice, `(Excluded(MAX), ..)` the whole buffer).
+    #[test]
+    fn a_bound_past_usize_max_is_out_of_bounds() {
+        let msg = |r: (Bound<usize>, Bound<usize>)| {
+            let e = std::panic::catch_unwind(|| vec![0u8; 4].slice(r)).unwrap_err();
+            let s = e.downcast_ref::<&str>().map(|s| s.to_string());
+            e.downcast_ref::<String>()
+                .cloned()
+                .or(s)
+                .unwrap_or_default()
+        };
+        let starts_past = msg((Bound::Excluded(usize::MAX), Bound::Unbounded));
+        assert!(starts_past.contains("out of bounds"), "{starts_past}");
+        let ends_past = msg((Bound::Unbounded, Bound::Included(usize::MAX)));
+        assert!(ends_past.contains("out of bounds"), "{ends_past}");
     }
 
     #[test]

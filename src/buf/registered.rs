@@ -174,6 +174,10 @@ impl Registered {
     pub(crate) fn find(&self, addr: usize, len: usize) -> Option<(u32, Lease)> {
         let end = addr.checked_add(len)?;
         let mut ix = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if len > ix.longest {
+            // No registration is that long (and `lowest` below would pass `addr`).
+            return None;
+        }
         let lowest = end.saturating_sub(ix.longest);
         let mut dead = Vec::new();
         let mut found = None;
@@ -302,6 +306,26 @@ mod tests {
         let other = reg(&f, &Bytes::from(vec![9u8; 100]));
         index.insert(&other);
         assert_eq!(index.entries(), 2);
+    }
+
+    /// At 84e8c41 a lookup longer than every registration asked the index for the range
+    /// `end - longest ..= addr`, whose start is then past its end: `BTreeMap::range` panicked.
+    /// `send_bytes` of a message larger than anything `register_bytes` registered did that.
+    #[test]
+    fn a_lookup_longer_than_every_registration_finds_nothing() {
+        let (f, _, _) = fake::shared();
+        let index = Registered::default();
+        let small = Bytes::from(vec![5u8; 4096]);
+        let r = reg(&f, &small);
+        index.insert(&r);
+        let big = vec![0u8; 1 << 16];
+        assert!(index.find(big.as_ptr() as usize, big.len()).is_none());
+        let p = small.as_ptr() as usize;
+        assert!(
+            index.find(p, 4097).is_none(),
+            "one byte past the registration"
+        );
+        assert_eq!(index.find(p, 4096).unwrap().0, r.lkey());
     }
 
     #[test]

@@ -243,7 +243,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     pub(super) fn close_deadline(&self) -> Option<Instant> {
         self.close_waiting_since
             .filter(|_| !self.close_sent && !self.all_sent())
-            .map(|t| t + self.cfg.close_timeout)
+            .and_then(|t| t.checked_add(self.cfg.close_timeout))
     }
 
     /// When the disconnect stops waiting for the peer's `Close` (a full close) or for the
@@ -252,7 +252,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         self.eos
             .linger_since
             .filter(|_| !self.eos.linger_over && !self.eos_settled())
-            .map(|t| t + self.cfg.keepalive_timeout)
+            .and_then(|t| t.checked_add(self.cfg.keepalive_timeout))
     }
 
     /// Time passed: the linger may be over.

@@ -182,3 +182,51 @@ fn a_slow_but_live_peer_is_not_declared_dead() {
         Some(&QpFailure::KeepaliveTimeout(Duration::from_secs(3)))
     );
 }
+
+/// A timeout too long to add to an `Instant` (`Duration::MAX` for "never") means no deadline.
+/// At 84e8c41 every deadline was `Instant + Duration` unchecked: `keepalive: Some(MAX)` panicked
+/// in `ConnProto::new`, a `keepalive_timeout` or `close_timeout` of `MAX` in `poll_timeout`
+/// (the connection's pump, under its lock).
+#[test]
+fn timeouts_too_long_for_an_instant_mean_never() {
+    let (long, secs) = (Duration::MAX, Duration::from_secs);
+    for (keepalive, keepalive_timeout, close_timeout) in [
+        (Some(long), secs(3), secs(3)),
+        (Some(secs(1)), long, secs(3)),
+        (Some(secs(1)), secs(3), long),
+        (None, long, long),
+    ] {
+        let cfg = ConnConfig {
+            keepalive,
+            keepalive_timeout,
+            close_timeout,
+            ..config(2, 64)
+        };
+        let t0 = Instant::now();
+        let mut p: ConnProto<Vec<u8>> = ConnProto::new(cfg, t0);
+        let n = p.recvs_to_post();
+        p.recvs_posted(n);
+        // Every kind of deadline armed: a message waiting for credits under a close, control
+        // messages in flight, the keepalive.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        for _ in 0..3 {
+            let id = p.start_send(10).unwrap();
+            let _ = p.poll_chunk(id, &mut cx);
+        }
+        p.close();
+        for step in 1..=4 {
+            let now = t0 + secs(step);
+            let _ = p.poll_timeout();
+            p.handle_timeout(now);
+            while p.poll_transmit(now).is_some() {}
+        }
+        let _ = p.poll_timeout();
+        // The finite timeouts still fire.
+        let failed = p.failure().is_some();
+        let finite = keepalive_timeout < long || close_timeout < long;
+        assert_eq!(
+            failed, finite,
+            "{keepalive:?} {keepalive_timeout:?} {close_timeout:?}"
+        );
+    }
+}

@@ -187,7 +187,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             ctrl_blocked_since: None,
             last_heard: now,
             keepalive_due: false,
-            next_keepalive: cfg.keepalive.map(|k| now + k),
+            next_keepalive: cfg.keepalive.and_then(|k| now.checked_add(k)),
             // Room for the futures that usually wait at once (a sender and a receiver
             // per side, a close): waking them does not grow the list in steady state.
             wakers: Vec::with_capacity(WAKERS_RESERVED),
@@ -216,7 +216,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             return;
         }
         self.last_heard = self.last_heard.max(now);
-        self.next_keepalive = self.cfg.keepalive.map(|k| now + k);
+        self.next_keepalive = self.cfg.keepalive.and_then(|k| now.checked_add(k));
         self.deadline_moved = true;
         self.kick();
     }
@@ -631,7 +631,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         self.note_control_done();
         if kind == MsgKind::Credit {
             if let Some(k) = self.cfg.keepalive {
-                self.next_keepalive = Some(now + k);
+                self.next_keepalive = now.checked_add(k);
             }
         }
         self.kick();
@@ -648,10 +648,11 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
             }
             return self
                 .error_report_since()
-                .map(|t| t + self.cfg.keepalive_timeout);
+                .and_then(|t| t.checked_add(self.cfg.keepalive_timeout));
         }
         let deadline = [
-            self.waiting_since().map(|t| t + self.cfg.keepalive_timeout),
+            self.waiting_since()
+                .and_then(|t| t.checked_add(self.cfg.keepalive_timeout)),
             self.silence_deadline(),
         ]
         .into_iter()
@@ -708,7 +709,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         if let Some(at) = self.next_keepalive {
             if now >= at && !self.keepalive_due {
                 self.keepalive_due = true;
-                self.next_keepalive = self.cfg.keepalive.map(|k| now + k);
+                self.next_keepalive = self.cfg.keepalive.and_then(|k| now.checked_add(k));
                 self.kick();
             }
         }
@@ -728,9 +729,11 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// keepalive_timeout` since the last thing received means the peer is gone, even when every
     /// send of ours completes (a stopped process's NIC or kernel still acknowledges them).
     fn silence_deadline(&self) -> Option<Instant> {
-        self.cfg
-            .keepalive
-            .map(|k| self.last_heard + k + self.cfg.keepalive_timeout)
+        self.cfg.keepalive.and_then(|k| {
+            self.last_heard
+                .checked_add(k)?
+                .checked_add(self.cfg.keepalive_timeout)
+        })
     }
 
     /// Since when this side has been waiting for the peer without hearing from it: the oldest
