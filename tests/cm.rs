@@ -488,3 +488,21 @@ async fn driver_queue_pairs_over_rdma_cm() {
         .await
         .unwrap();
 }
+
+/// `wait_event(Duration::MAX)`, the usual spelling of "no limit", waits for the event: it
+/// computed `Instant::now() + timeout`, which panics for a timeout the clock cannot add.
+#[test]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+fn waiting_without_a_limit_returns_the_event() {
+    let (_lch, _listener, addr) = listener();
+    let ch = EventChannel::new().expect("event channel");
+    let id = CmId::new(&ch).expect("client id");
+    id.resolve_addr(None, addr, RESOLVE_MS)
+        .expect("resolve_addr");
+    // Address resolution ends in an event either way (resolved, or an error after RESOLVE_MS).
+    let ev = ch
+        .wait_event(Duration::MAX)
+        .expect("rdma_get_cm_event")
+        .expect("an event, not a timeout");
+    ev.expect(CmEventKind::AddrResolved).expect("ADDR_RESOLVED");
+}

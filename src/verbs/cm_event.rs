@@ -387,19 +387,24 @@ impl EventChannel {
     }
 
     /// Waits up to `timeout` for an event, blocking the calling thread (`poll(2)` on the
-    /// descriptor): for synchronous code and tests. Async code registers the descriptor with
+    /// descriptor): for synchronous code and tests. A timeout past what the clock can add
+    /// (`Duration::MAX`) waits without limit. Async code registers the descriptor with
     /// `AsyncFd` and calls [`get_event`](Self::get_event) instead.
     ///
     /// # Errors
     ///
     /// [`Error::GetCmEvent`] if `poll` or `rdma_get_cm_event` fails.
     pub fn wait_event(&self, timeout: Duration) -> Result<Option<CmEvent>> {
-        let deadline = Instant::now() + timeout;
+        // A timeout too long to add to the clock (`Duration::MAX`) waits for good.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             if let Some(ev) = self.get_event()? {
                 return Ok(Some(ev));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::MAX,
+            };
             if left.is_zero() {
                 return Ok(None);
             }
