@@ -261,6 +261,8 @@ pub enum RuntimeKind {
 pub struct Args {
     pub role: Role,
     pub runtime: RuntimeKind,
+    /// Client: the loop runs in a spawned task (`--in-task`).
+    pub in_task: bool,
     pub device: Option<String>,
     pub json: bool,
     pub svg: Option<String>,
@@ -335,6 +337,12 @@ struct Cli {
     /// (`#[tokio::main]`'s default: a worker per core)
     #[arg(long, value_name = "R", default_value = "current")]
     runtime: RuntimeKind,
+    /// Client: run the measuring loop in a task spawned on the runtime rather than in the
+    /// future given to `block_on` (see docs/benchmarks-speed-3.md: when another task (the
+    /// completion task, in event mode) wakes the `block_on` future, Tokio turns its I/O and
+    /// timer drivers once without blocking before polling it, ~1,000 instructions per wake)
+    #[arg(long)]
+    in_task: bool,
     /// write_lat | send_lat | read_lat | write_bw | send_bw | read_bw | msg_lat | msg_rate
     #[arg(short = 't', long, value_name = "TEST", default_value = "write_lat",
           value_parser = parse_test, help_heading = "Client options")]
@@ -520,6 +528,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
         return Ok(Args {
             role: Role::CpuOf { mark, cmd },
             runtime: RuntimeKind::Current,
+            in_task: false,
             device: None,
             json: false,
             svg: None,
@@ -536,6 +545,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
                 series,
             },
             runtime: RuntimeKind::Current,
+            in_task: false,
             device: None,
             json: false,
             svg: None,
@@ -617,6 +627,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
     Ok(Args {
         role,
         runtime: cli.runtime,
+        in_task: cli.in_task,
         device: cli.device,
         json: cli.json,
         svg: cli.svg,
@@ -687,5 +698,7 @@ mod tests {
         };
         assert_eq!(mark.as_deref(), Some("#bytes"));
         assert_eq!(cmd, ["stdbuf", "-oL", "ib_send_lat", "-e"]);
+        assert!(!a.in_task, "block_on's future by default");
+        assert!(parse_from(argv("--client h --in-task")).unwrap().in_task);
     }
 }

@@ -51,6 +51,22 @@ fn main() {
         Role::CpuOf { .. } => unreachable!("handled above"),
         Role::Plot { out, title, series } => plot(out, title, series),
         Role::Server { port } => rt.block_on(server(&args, *port)),
+        Role::Client { .. } if args.in_task => {
+            // The loop in a task of its own, as a server's per-connection work runs: the
+            // runtime's scheduler, not `block_on`, polls it when woken.
+            let args = std::sync::Arc::new(args);
+            rt.block_on(async move {
+                tokio::spawn(async move {
+                    let Role::Client { host, port, cfg } = &args.role else {
+                        unreachable!("matched above");
+                    };
+                    client(&args, host, *port, cfg).await
+                })
+                .await
+                .map_err(|e| e.to_string().into())
+                .and_then(|r| r)
+            })
+        }
         Role::Client { host, port, cfg } => rt.block_on(client(&args, host, *port, cfg)),
     };
     if let Err(e) = res {
