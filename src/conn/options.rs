@@ -51,7 +51,8 @@ pub struct ConnectOptions {
     /// data. At least 1.
     pub backlog: usize,
     /// Send a keepalive this often (None: never): a small control message the peer's device
-    /// must acknowledge.
+    /// must acknowledge. An interval too long to add to the clock (`Duration::MAX`) also means
+    /// never.
     pub keepalive: Option<Duration>,
     /// Fail the connection with [`QpFailure::KeepaliveTimeout`](crate::QpFailure) when a
     /// keepalive (or any control message) has been outstanding this long with no sign of life
@@ -60,7 +61,8 @@ pub struct ConnectOptions {
     /// the transport's own retries (`ack_timeout`, `retry_count`) may detect it sooner. A slow
     /// but live peer is not declared dead. It also bounds how long a closed connection waits
     /// in the background for the peer's end of stream and the confirmations before it
-    /// disconnects (docs/connections.md, "Close and failure").
+    /// disconnects (docs/connections.md, "Close and failure"). A timeout too long to add to
+    /// the clock (`Duration::MAX`) means no limit: the peer is never declared dead for silence.
     pub keepalive_timeout: Duration,
     /// After [`close`](super::Connection::close), [`shutdown`](super::Connection::shutdown)
     /// or dropping the connection: how long what must go out before end of stream may take
@@ -70,7 +72,7 @@ pub struct ConnectOptions {
     /// keep the close waiting, the memory registered and the connection's task running for
     /// ever; after this long the connection fails with
     /// [`QpFailure::CloseTimeout`](crate::QpFailure::CloseTimeout) and is torn down. Default
-    /// 30 s.
+    /// 30 s; `Duration::MAX` (too long to add to the clock) means no limit.
     pub close_timeout: Duration,
     /// Transport retries of the queue pair before a send fails with `IBV_WC_RETRY_EXC_ERR`
     /// (0-6; 7 would mean "retry forever" on some devices, soft-RoCE among them, so it is
