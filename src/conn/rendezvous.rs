@@ -117,19 +117,11 @@ impl Connection {
     /// taken it meanwhile: then the fetch comes back).
     fn start_fetch(&self, fetch: Fetch) -> Option<Fetch> {
         self.shared.io.with(|s| {
-            // The whole descriptor, not its 16-bit rendezvous number alone: that number comes
-            // round every 65,536 messages, and other receivers may take that many while this
-            // one registered its destination without the lock.
-            let still = matches!(
-                s.proto.peek_recv(),
-                Some(Delivery::Remote(m)) if *m == fetch.msg
-            );
-            if !still {
+            // Compared whole by the state machine: other receivers may have taken it, and as
+            // many as 65,536 more, while this one registered its destination without the lock.
+            if !s.proto.take_remote(&fetch.msg) {
                 return Some(fetch);
             }
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            let popped = s.proto.poll_recv(&mut cx);
-            debug_assert!(matches!(popped, Poll::Ready(Ok(Some(Delivery::Remote(_))))));
             s.fetch = Some(fetch);
             // The pump (after this closure) posts the reads.
             None

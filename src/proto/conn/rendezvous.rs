@@ -170,6 +170,21 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         self.rx.rdv.fetching.map(|(_, done)| done)
     }
 
+    /// Takes the next message if it is the rendezvous message `msg`, compared whole (address,
+    /// length, key and number); returns whether it did. The shell peeks at a rendezvous
+    /// message, registers its destination without the lock, then takes it with this: other
+    /// receivers may have taken it meanwhile, and the 16-bit number alone comes round every
+    /// 65,536 messages, so a later message with the same number must not be taken for it
+    /// (its read would use the stale descriptor's address and key).
+    pub fn take_remote(&mut self, msg: &RemoteMsg) -> bool {
+        if !matches!(self.peek_recv(), Some(Delivery::Remote(m)) if m == msg) {
+            return false;
+        }
+        let popped = self.poll_recv(&mut Context::from_waker(Waker::noop()));
+        debug_assert!(matches!(popped, Poll::Ready(Ok(Some(Delivery::Remote(_))))));
+        true
+    }
+
     /// The shell handed the read rendezvous message to the application: it now holds its
     /// bytes (report [`consumed`](Self::consumed) when dropped); later messages may go out.
     pub fn fetch_taken(&mut self) {

@@ -341,3 +341,62 @@ fn random_acknowledgement_times_end_the_close_cleanly_or_at_the_deadline() {
         }
     }
 }
+
+/// A receiver peeks at a rendezvous message, registers its destination without the lock, then
+/// takes it (`take_remote`). Meanwhile others may take it and 65,535 more: the next one then
+/// carries the same 16-bit number at another address, and must not be taken for the stale one
+/// (the shell compared the numbers alone until 6f70b85).
+#[test]
+fn a_stale_descriptor_whose_number_came_round_is_not_taken() {
+    let mut p = hostile(config(16, 64));
+    let mut cx = cx();
+    let now = Instant::now();
+    let remote = |p: &ConnProto<Vec<u8>>| match p.peek_recv() {
+        Some(Delivery::Remote(m)) => *m,
+        other => panic!("a rendezvous message next, not {other:?}"),
+    };
+    descriptor(&mut p, &RemoteMsg::encode(0x1000, 10, 1));
+    let stale = remote(&p);
+    // The peer re-posts a receive for each control message of ours it got (the
+    // acknowledgements and credit returns) and says so on its next descriptor, as a live
+    // peer does (a count mod 256).
+    let mut ctrl = 0u8;
+    for i in 0..=u64::from(u16::MAX) {
+        if i > 0 {
+            let d = RemoteMsg::encode(0x1000 + (i << 12), 10, 1);
+            let mut buf = vec![0u8; 64];
+            buf[..d.len()].copy_from_slice(&d);
+            let imm = MsgHeader {
+                kind: MsgKind::Rendezvous,
+                ctrl_ack: ctrl,
+                credits: 0,
+            }
+            .encode();
+            p.handle_recv(Ok((d.len() as u32, Some(imm))), buf);
+        }
+        let n = p.recvs_to_post();
+        p.recvs_posted(n);
+        let Poll::Ready(Ok(Some(Delivery::Remote(_)))) = p.poll_recv(&mut cx) else {
+            panic!(
+                "message {i}: {:?} failure {:?}",
+                p.poll_recv(&mut cx).map(|r| r.map(|d| d.map(|d| d.len()))),
+                p.failure()
+            );
+        };
+        p.fetch_done(Ok(()));
+        while let Some(t) = p.poll_transmit(now) {
+            p.handle_control_done(t.kind, Ok(()), now);
+            ctrl = ctrl.wrapping_add(1);
+        }
+        p.fetch_taken();
+        p.consumed(false, 10);
+    }
+    assert_eq!(failure(&p), None);
+    descriptor(&mut p, &RemoteMsg::encode(0x9000_0000, 10, 2));
+    let next = remote(&p);
+    assert_eq!(next.seq, stale.seq, "the number came round");
+    assert!(!p.take_remote(&stale), "taken for a stale descriptor");
+    assert_eq!(remote(&p), next, "still queued");
+    assert!(p.take_remote(&next));
+    assert_eq!(p.fetch_ready(), Some(false), "now being read");
+}
