@@ -103,14 +103,7 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         if !std::mem::take(&mut fresh) {
             let found = shared.drain(&mut reaped, &mut wake);
             seen(found, &mut watched);
-            // Saturating: in event mode on a multi-thread runtime nearly every round finds
-            // nothing, and a plain `+ 1` overflowed (a panic in debug builds, which stopped the
-            // driver) after 2^32 rounds.
-            idle_rounds = if found > 0 {
-                0
-            } else {
-                idle_rounds.saturating_add(1)
-            };
+            idle_rounds = next_idle_rounds(idle_rounds, found);
         }
         if finished(&shared, &mut reaped) {
             break;
@@ -317,6 +310,14 @@ impl std::future::Future for SelfYield {
     }
 }
 
+/// The count of rounds in a row that found nothing, after a round that found `found`
+/// completions. Saturating: in event mode on a multi-thread runtime nearly every round finds
+/// nothing, and a plain `+ 1` overflowed (a panic in debug builds, which stopped the driver)
+/// after 2^32 rounds.
+fn next_idle_rounds(idle: u32, found: usize) -> u32 {
+    if found > 0 { 0 } else { idle.saturating_add(1) }
+}
+
 /// Shut down and nothing left in flight.
 fn finished(shared: &Shared, reaped: &mut Vec<QpEntry>) -> bool {
     if !shared.shutdown.load(Ordering::Acquire) {
@@ -331,4 +332,21 @@ fn finished(shared: &Shared, reaped: &mut Vec<QpEntry>) -> bool {
     drop(st);
     shared.release(reaped);
     idle
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_idle_rounds;
+
+    #[test]
+    fn the_idle_round_count_saturates_and_resets() {
+        assert_eq!(next_idle_rounds(0, 0), 1);
+        assert_eq!(next_idle_rounds(u32::MAX - 1, 0), u32::MAX);
+        assert_eq!(
+            next_idle_rounds(u32::MAX, 0),
+            u32::MAX,
+            "no overflow after 2^32 rounds"
+        );
+        assert_eq!(next_idle_rounds(u32::MAX, 3), 0);
+    }
 }
