@@ -30,6 +30,8 @@ pub struct ConnectOptions {
     /// limit, message size limit, features).
     pub params: Params,
     /// Send-queue depth for one-sided operations (message sends have a share of their own).
+    /// At least 2 (raised to it if smaller), at most 16,777,216 (refused above: no device has
+    /// send queues that deep).
     pub send_queue_depth: u32,
     /// How waiting futures wait. It belongs to the endpoint: the shorthands
     /// ([`Connection::connect_with`](super::Connection::connect_with),

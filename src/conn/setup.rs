@@ -25,6 +25,10 @@ use crate::verbs::{AccessFlags, CmId, Context, ProtectionDomain, QpCaps};
 /// RNR NAKs, so the transport retries (`retry_count`) and the keepalive timeout apply.
 const RNR_RETRY: u8 = 7;
 
+/// The deepest `ConnectOptions::send_queue_depth` accepted: far above any device's
+/// `max_qp_wr`, and small enough that no sum of queue depths made from it overflows.
+pub(crate) const MAX_SEND_QUEUE_DEPTH: u32 = 1 << 24;
+
 /// Send-queue entries for the connection's message sends (data chunks and control messages,
 /// until retired by a signaled completion): room for two windows of this side's
 /// `recv_credits` (a client creates its queue pair before it learns the peer's credits; with
@@ -298,6 +302,14 @@ fn check_limits(opts: &ConnectOptions) -> Result<()> {
     if opts.max_staged_chunks == 0 {
         return Err(Error::InvalidArgument(InvalidArgument::ZeroStagedChunks));
     }
+    if opts.send_queue_depth > MAX_SEND_QUEUE_DEPTH {
+        return Err(Error::InvalidArgument(
+            InvalidArgument::SendQueueDepthTooLarge {
+                send_queue_depth: opts.send_queue_depth,
+                max: MAX_SEND_QUEUE_DEPTH,
+            },
+        ));
+    }
     Ok(())
 }
 
@@ -388,5 +400,34 @@ mod tests {
             Err(Error::InvalidArgument(_))
         ));
         assert!(raw_options(&ConnectOptions::default(), t).is_ok());
+    }
+
+    /// `send_queue_depth` is added to the message sends' share: at u32::MAX the sum overflowed
+    /// (a panic with overflow checks, a wrap to a tiny send queue without).
+    #[test]
+    fn an_extreme_send_queue_depth_is_refused_not_wrapped() {
+        let t = Duration::from_secs(1);
+        for depth in [u32::MAX, u32::MAX - 100, 1 << 30] {
+            let opts = ConnectOptions {
+                send_queue_depth: depth,
+                ..ConnectOptions::default()
+            };
+            match raw_options(&opts, t) {
+                Err(Error::InvalidArgument(InvalidArgument::SendQueueDepthTooLarge {
+                    send_queue_depth,
+                    ..
+                })) => assert_eq!(send_queue_depth, depth),
+                other => panic!("{depth}: {other:?}"),
+            }
+        }
+        let deep = ConnectOptions {
+            send_queue_depth: MAX_SEND_QUEUE_DEPTH,
+            ..ConnectOptions::default()
+        };
+        let qp = raw_options(&deep, t).expect("the largest depth").qp;
+        assert_eq!(
+            qp.caps.max_send_wr,
+            MAX_SEND_QUEUE_DEPTH + sink_sends(&deep)
+        );
     }
 }

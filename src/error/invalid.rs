@@ -231,6 +231,17 @@ pub enum InvalidArgument {
         /// The least allowed.
         min: u32,
     },
+    /// `ConnectOptions::send_queue_depth` above what any device's queue pair takes.
+    #[error(
+        "send_queue_depth {send_queue_depth} is above {max} (no device has send queues this \
+         deep)"
+    )]
+    SendQueueDepthTooLarge {
+        /// The depth asked for.
+        send_queue_depth: u32,
+        /// The largest allowed.
+        max: u32,
+    },
     /// `ConnectOptions::max_staged_chunks` of 0.
     #[error("max_staged_chunks 0: copied sends could never go out")]
     ZeroStagedChunks,
