@@ -84,7 +84,8 @@ pub struct ConnectOptions {
     pub recv_budget: u64,
     /// Local ACK timeout code of the queue pair (4.096 us * 2^n; 17 is about 0.5 s); with the
     /// 7 transport retries it bounds how long a silently dead peer goes unnoticed (about 4 s at
-    /// 17). `None` keeps RDMA CM's value derived from the path (19 on RoCE, about 2 s).
+    /// 17). `None` keeps RDMA CM's value derived from the path (19 on RoCE, about 2 s). At
+    /// most 31 (a 5-bit field; larger codes are refused).
     pub ack_timeout: Option<u8>,
     /// The pool behind [`Connection::pool`](super::Connection::pool), created on first use.
     pub user_pool: PoolConfig,

@@ -302,6 +302,7 @@ fn check_limits(opts: &ConnectOptions) -> Result<()> {
     if opts.max_staged_chunks == 0 {
         return Err(Error::InvalidArgument(InvalidArgument::ZeroStagedChunks));
     }
+    raw::check_ack_timeout(opts.ack_timeout)?;
     if opts.send_queue_depth > MAX_SEND_QUEUE_DEPTH {
         return Err(Error::InvalidArgument(
             InvalidArgument::SendQueueDepthTooLarge {
@@ -429,5 +430,33 @@ mod tests {
             qp.caps.max_send_wr,
             MAX_SEND_QUEUE_DEPTH + sink_sends(&deep)
         );
+    }
+
+    /// The local ACK timeout is a 5-bit code: RDMA CM passes a larger one on unchecked and the
+    /// device truncates or shifts it (32 becomes 0, "wait forever", in a 5-bit field).
+    #[test]
+    fn an_ack_timeout_beyond_five_bits_is_refused() {
+        let t = Duration::from_secs(1);
+        for code in [32, 200, u8::MAX] {
+            let opts = ConnectOptions::default().ack_timeout(Some(code));
+            match raw_options(&opts, t) {
+                Err(Error::InvalidArgument(InvalidArgument::AckTimeoutOutOfRange {
+                    ack_timeout,
+                })) => assert_eq!(ack_timeout, code),
+                other => panic!("{code}: {other:?}"),
+            }
+        }
+        for code in [None, Some(0), Some(31)] {
+            let opts = ConnectOptions::default().ack_timeout(code);
+            assert!(raw_options(&opts, t).is_ok(), "{code:?}");
+        }
+        // The raw connector's options too.
+        let raw = RawOptions::default().ack_timeout(Some(32));
+        assert!(matches!(
+            raw.validate(),
+            Err(Error::InvalidArgument(
+                InvalidArgument::AckTimeoutOutOfRange { ack_timeout: 32 }
+            ))
+        ));
     }
 }

@@ -242,6 +242,13 @@ pub enum InvalidArgument {
         /// The largest allowed.
         max: u32,
     },
+    /// A local ACK timeout code above 31 (`ConnectOptions::ack_timeout`,
+    /// `RawOptions::ack_timeout`).
+    #[error("ack_timeout {ack_timeout} is not in 0..=31 (a 5-bit code: 4.096 us x 2^n)")]
+    AckTimeoutOutOfRange {
+        /// The code asked for.
+        ack_timeout: u8,
+    },
     /// `ConnectOptions::max_staged_chunks` of 0.
     #[error("max_staged_chunks 0: copied sends could never go out")]
     ZeroStagedChunks,
