@@ -53,7 +53,7 @@ pub struct ConnectOptions {
     /// data. At least 1.
     pub backlog: usize,
     /// Send a keepalive this often (None: never): a small control message the peer's device
-    /// must acknowledge.
+    /// must acknowledge. Not zero (refused).
     pub keepalive: Option<Duration>,
     /// Fail the connection with [`QpFailure::KeepaliveTimeout`](crate::QpFailure) when a
     /// keepalive (or any control message) has been outstanding this long with no sign of life
@@ -62,7 +62,7 @@ pub struct ConnectOptions {
     /// the transport's own retries (`ack_timeout`, `retry_count`) may detect it sooner. A slow
     /// but live peer is not declared dead. It also bounds how long a closed connection waits
     /// in the background for the peer's end of stream and the confirmations before it
-    /// disconnects (docs/connections.md, "Close and failure").
+    /// disconnects (docs/connections.md, "Close and failure"). Not zero (refused).
     pub keepalive_timeout: Duration,
     /// After [`close`](super::Connection::close), [`shutdown`](super::Connection::shutdown)
     /// or dropping the connection: how long what must go out before end of stream may take

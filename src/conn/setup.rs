@@ -303,6 +303,17 @@ fn check_limits(opts: &ConnectOptions) -> Result<()> {
         return Err(Error::InvalidArgument(InvalidArgument::ZeroStagedChunks));
     }
     raw::check_ack_timeout(opts.ack_timeout)?;
+    // A zero interval makes the next keepalive due as soon as the last one completed; a zero
+    // timeout declares the peer dead after one keepalive interval of silence.
+    let zero = [
+        (opts.keepalive == Some(Duration::ZERO), "keepalive"),
+        (opts.keepalive_timeout.is_zero(), "keepalive_timeout"),
+    ];
+    if let Some(&(_, option)) = zero.iter().find(|(z, _)| *z) {
+        return Err(Error::InvalidArgument(InvalidArgument::ZeroKeepalive {
+            option,
+        }));
+    }
     if opts.send_queue_depth > MAX_SEND_QUEUE_DEPTH {
         return Err(Error::InvalidArgument(
             InvalidArgument::SendQueueDepthTooLarge {
@@ -458,5 +469,33 @@ mod tests {
                 InvalidArgument::AckTimeoutOutOfRange { ack_timeout: 32 }
             ))
         ));
+    }
+
+    /// A keepalive interval of zero made the next keepalive due at once whenever one completed
+    /// (`poll_timeout` at `now`: the connection's task wakes again immediately); a keepalive
+    /// timeout of zero failed an idle healthy connection after one keepalive interval, before
+    /// the peer's own keepalive could arrive.
+    #[test]
+    fn zero_keepalive_durations_are_refused() {
+        let t = Duration::from_secs(1);
+        for (opts, name) in [
+            (
+                ConnectOptions::default().keepalive(Some(Duration::ZERO)),
+                "keepalive",
+            ),
+            (
+                ConnectOptions::default().keepalive_timeout(Duration::ZERO),
+                "keepalive_timeout",
+            ),
+        ] {
+            match raw_options(&opts, t) {
+                Err(Error::InvalidArgument(InvalidArgument::ZeroKeepalive { option })) => {
+                    assert_eq!(option, name);
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let off = ConnectOptions::default().keepalive(None);
+        assert!(raw_options(&off, t).is_ok());
     }
 }

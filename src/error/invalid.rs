@@ -249,6 +249,12 @@ pub enum InvalidArgument {
         /// The code asked for.
         ack_timeout: u8,
     },
+    /// A keepalive interval or keepalive timeout of zero.
+    #[error("ConnectOptions::{option} of zero (keepalive(None) sends no keepalives)")]
+    ZeroKeepalive {
+        /// The option: `"keepalive"` or `"keepalive_timeout"`.
+        option: &'static str,
+    },
     /// `ConnectOptions::max_staged_chunks` of 0.
     #[error("max_staged_chunks 0: copied sends could never go out")]
     ZeroStagedChunks,
