@@ -50,7 +50,7 @@ pub struct ConnectOptions {
     /// capacity of its queue of established connections not yet taken by
     /// [`accept`](super::Listener::accept). A connection request beyond it is rejected at
     /// once, with the reason `"tokio-rdma: listener backlog full"` in the reject's private
-    /// data. At least 1.
+    /// data. At least 1, at most 1,048,576.
     pub backlog: usize,
     /// Send a keepalive this often (None: never): a small control message the peer's device
     /// must acknowledge. Not zero (refused).

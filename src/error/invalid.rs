@@ -217,6 +217,14 @@ pub enum InvalidArgument {
     /// A listener's backlog of 0.
     #[error("a listener's backlog must be at least 1")]
     ZeroBacklog,
+    /// A listener's backlog above the largest accepted.
+    #[error("a listener's backlog of {backlog} is above {max}")]
+    BacklogTooLarge {
+        /// The backlog asked for.
+        backlog: usize,
+        /// The largest accepted.
+        max: usize,
+    },
     /// `ConnectOptions::retry_count` above 6.
     #[error("retry_count {retry_count} is not in 0..=6 (7 means retry forever on some devices)")]
     RetryCountOutOfRange {
