@@ -92,7 +92,8 @@ pub struct ConnectOptions {
     /// Messages of at least this many bytes sent with
     /// [`send_bytes`](super::Connection::send_bytes) /
     /// [`send_buf`](super::Connection::send_buf) go by rendezvous when the peer takes part
-    /// (`None`: never; this side then does not offer rendezvous at all). See
+    /// (`None`: never; this side then does not offer rendezvous at all; an empty message never
+    /// does, even with `Some(0)`). See
     /// [`rendezvous_threshold`](Self::rendezvous_threshold).
     pub rendezvous_threshold: Option<u64>,
     /// The largest chunk this side sends in one SEND, whatever the peer announces: chunks
