@@ -2,8 +2,6 @@
 //! report ([`MemoryStats`]), public at the crate root. Below the connection code, which reads
 //! them; `Endpoint` itself is above it.
 
-use std::time::Duration;
-
 use super::srq::SrqOptions;
 use crate::driver::{CompletionMode, DriverOptions};
 use crate::error::{Error, InvalidArgument, Result};
@@ -169,23 +167,11 @@ impl EndpointOptions {
                 max_cqe: max,
             }));
         }
-        if self.poll_batch == 0 || self.poll_batch > 4096 {
-            return Err(Error::InvalidArgument(
-                InvalidArgument::PollBatchOutOfRange {
-                    poll_batch: self.poll_batch,
-                },
-            ));
-        }
-        if let CompletionMode::Adaptive { max_spin } = self.completion_mode {
-            if max_spin > Duration::from_secs(1) {
-                return Err(Error::InvalidArgument(
-                    InvalidArgument::AdaptiveSpinTooLong { max_spin },
-                ));
-            }
-        }
-        Ok(DriverOptions::default()
+        let opts = DriverOptions::default()
             .mode(self.completion_mode)
             .cq_size(cq_size)
-            .poll_batch(self.poll_batch))
+            .poll_batch(self.poll_batch);
+        opts.check().map_err(Error::InvalidArgument)?;
+        Ok(opts)
     }
 }

@@ -27,6 +27,10 @@ use crate::error::{Error, InvalidArgument, Result};
 /// [`ConnectOptions::backlog`] handshakes are already pending.
 pub const BACKLOG_FULL_REASON: &str = "tokio-rdma: listener backlog full";
 
+/// The largest [`ConnectOptions::backlog`] accepted (the backlog also sizes the queue of
+/// established connections, and a Tokio channel takes at most `usize::MAX >> 3`).
+const MAX_BACKLOG: usize = 1 << 20;
+
 /// Listens for connections on an address.
 ///
 /// A background task (started by [`bind_with`](Self::bind_with)) reads the listening id's
@@ -189,7 +193,9 @@ impl Listener {
     /// # Errors
     ///
     /// As [`bind`](Self::bind); [`Error::Handshake`] for invalid handshake parameters (e.g.
-    /// fewer than 2 receive credits), [`Error::InvalidArgument`] for a backlog of 0.
+    /// fewer than 2 receive credits), [`Error::InvalidArgument`] for a backlog of 0 or above
+    /// 1,048,576, or for an option no accepted connection could be set up with (as
+    /// [`Connection::connect_with`](super::Connection::connect_with) refuses it).
     ///
     /// # Panics
     ///
@@ -223,6 +229,20 @@ impl Listener {
         if opts.backlog == 0 {
             return Err(Error::InvalidArgument(InvalidArgument::ZeroBacklog));
         }
+        if opts.backlog > MAX_BACKLOG {
+            return Err(Error::InvalidArgument(InvalidArgument::BacklogTooLarge {
+                backlog: opts.backlog,
+                max: MAX_BACKLOG,
+            }));
+        }
+        // Every accepted connection is set up with these options: what cannot apply is
+        // refused now, not with each client's request while the listener accepts nobody.
+        let on_srq = match endpoint.as_ref().and_then(|ep| ep.shared_recv()) {
+            Some(q) => Some(setup::on_shared_recv(&opts, q)?),
+            None => None,
+        };
+        let checked = on_srq.as_ref().unwrap_or(&opts);
+        setup::raw_options(checked, checked.handshake_timeout)?;
         let raw = raw::listen_on(None, addr, u32::try_from(opts.backlog).unwrap_or(u32::MAX))?;
         let local_addr = raw.local_addr();
         let (tx, rx) = mpsc::channel(opts.backlog);
@@ -562,5 +582,44 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::Handshake(_)), "{err}");
+    }
+
+    /// Options every accepted connection is refused with were accepted by `bind` (the
+    /// listener then rejected every client and `accept` never returned), and a backlog above
+    /// Tokio's channel limit panicked in `mpsc::channel` once bound.
+    #[tokio::test]
+    async fn options_no_connection_can_use_are_refused_at_bind() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let bind = |o: ConnectOptions| Listener::bind_with(addr, o);
+        let err = bind(ConnectOptions::default().max_staged_chunks(0))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidArgument(InvalidArgument::ZeroStagedChunks)
+            ),
+            "{err}"
+        );
+        let err = bind(ConnectOptions::default().retry_count(7))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidArgument(InvalidArgument::RetryCountOutOfRange { .. })
+            ),
+            "{err}"
+        );
+        let err = bind(ConnectOptions::default().backlog(usize::MAX))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidArgument(InvalidArgument::BacklogTooLarge { .. })
+            ),
+            "{err}"
+        );
     }
 }

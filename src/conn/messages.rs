@@ -333,9 +333,11 @@ impl<L> AsRef<[u8]> for Leased<L> {
 }
 
 impl Connection {
-    /// Whether a message of `len` bytes from owned memory goes by rendezvous.
+    /// Whether a message of `len` bytes from owned memory goes by rendezvous (never an empty
+    /// one, which has nothing to read and could not be registered, whatever the threshold).
     pub(super) fn by_rendezvous(&self, len: usize) -> bool {
-        self.shared.params.rendezvous
+        len > 0
+            && self.shared.params.rendezvous
             && self
                 .shared
                 .io

@@ -30,6 +30,8 @@ pub struct ConnectOptions {
     /// limit, message size limit, features).
     pub params: Params,
     /// Send-queue depth for one-sided operations (message sends have a share of their own).
+    /// At least 2 (raised to it if smaller), at most 16,777,216 (refused above: no device has
+    /// send queues that deep).
     pub send_queue_depth: u32,
     /// How waiting futures wait. It belongs to the endpoint: the shorthands
     /// ([`Connection::connect_with`](super::Connection::connect_with),
@@ -48,11 +50,11 @@ pub struct ConnectOptions {
     /// capacity of its queue of established connections not yet taken by
     /// [`accept`](super::Listener::accept). A connection request beyond it is rejected at
     /// once, with the reason `"tokio-rdma: listener backlog full"` in the reject's private
-    /// data. At least 1.
+    /// data. At least 1, at most 1,048,576.
     pub backlog: usize,
     /// Send a keepalive this often (None: never): a small control message the peer's device
-    /// must acknowledge. An interval too long to add to the clock (`Duration::MAX`) also means
-    /// never.
+    /// must acknowledge. Not zero (refused); an interval too long to add to the clock
+    /// (`Duration::MAX`) also means never.
     pub keepalive: Option<Duration>,
     /// Fail the connection with [`QpFailure::KeepaliveTimeout`](crate::QpFailure) when a
     /// keepalive (or any control message) has been outstanding this long with no sign of life
@@ -61,8 +63,9 @@ pub struct ConnectOptions {
     /// the transport's own retries (`ack_timeout`, `retry_count`) may detect it sooner. A slow
     /// but live peer is not declared dead. It also bounds how long a closed connection waits
     /// in the background for the peer's end of stream and the confirmations before it
-    /// disconnects (docs/connections.md, "Close and failure"). A timeout too long to add to
-    /// the clock (`Duration::MAX`) means no limit: the peer is never declared dead for silence.
+    /// disconnects (docs/connections.md, "Close and failure"). Not zero (refused); a timeout
+    /// too long to add to the clock (`Duration::MAX`) means no limit: the peer is never
+    /// declared dead for silence.
     pub keepalive_timeout: Duration,
     /// After [`close`](super::Connection::close), [`shutdown`](super::Connection::shutdown)
     /// or dropping the connection: how long what must go out before end of stream may take
@@ -84,14 +87,16 @@ pub struct ConnectOptions {
     pub recv_budget: u64,
     /// Local ACK timeout code of the queue pair (4.096 us * 2^n; 17 is about 0.5 s); with the
     /// 7 transport retries it bounds how long a silently dead peer goes unnoticed (about 4 s at
-    /// 17). `None` keeps RDMA CM's value derived from the path (19 on RoCE, about 2 s).
+    /// 17). `None` keeps RDMA CM's value derived from the path (19 on RoCE, about 2 s). At
+    /// most 31 (a 5-bit field; larger codes are refused).
     pub ack_timeout: Option<u8>,
     /// The pool behind [`Connection::pool`](super::Connection::pool), created on first use.
     pub user_pool: PoolConfig,
     /// Messages of at least this many bytes sent with
     /// [`send_bytes`](super::Connection::send_bytes) /
     /// [`send_buf`](super::Connection::send_buf) go by rendezvous when the peer takes part
-    /// (`None`: never; this side then does not offer rendezvous at all). See
+    /// (`None`: never; this side then does not offer rendezvous at all; an empty message never
+    /// does, even with `Some(0)`). See
     /// [`rendezvous_threshold`](Self::rendezvous_threshold).
     pub rendezvous_threshold: Option<u64>,
     /// The largest chunk this side sends in one SEND, whatever the peer announces: chunks

@@ -25,6 +25,10 @@ use crate::verbs::{AccessFlags, CmId, Context, ProtectionDomain, QpCaps};
 /// RNR NAKs, so the transport retries (`retry_count`) and the keepalive timeout apply.
 const RNR_RETRY: u8 = 7;
 
+/// The deepest `ConnectOptions::send_queue_depth` accepted: far above any device's
+/// `max_qp_wr`, and small enough that no sum of queue depths made from it overflows.
+pub(crate) const MAX_SEND_QUEUE_DEPTH: u32 = 1 << 24;
+
 /// Send-queue entries for the connection's message sends (data chunks and control messages,
 /// until retired by a signaled completion): room for two windows of this side's
 /// `recv_credits` (a client creates its queue pair before it learns the peer's credits; with
@@ -298,6 +302,26 @@ fn check_limits(opts: &ConnectOptions) -> Result<()> {
     if opts.max_staged_chunks == 0 {
         return Err(Error::InvalidArgument(InvalidArgument::ZeroStagedChunks));
     }
+    raw::check_ack_timeout(opts.ack_timeout)?;
+    // A zero interval makes the next keepalive due as soon as the last one completed; a zero
+    // timeout declares the peer dead after one keepalive interval of silence.
+    let zero = [
+        (opts.keepalive == Some(Duration::ZERO), "keepalive"),
+        (opts.keepalive_timeout.is_zero(), "keepalive_timeout"),
+    ];
+    if let Some(&(_, option)) = zero.iter().find(|(z, _)| *z) {
+        return Err(Error::InvalidArgument(InvalidArgument::ZeroKeepalive {
+            option,
+        }));
+    }
+    if opts.send_queue_depth > MAX_SEND_QUEUE_DEPTH {
+        return Err(Error::InvalidArgument(
+            InvalidArgument::SendQueueDepthTooLarge {
+                send_queue_depth: opts.send_queue_depth,
+                max: MAX_SEND_QUEUE_DEPTH,
+            },
+        ));
+    }
     Ok(())
 }
 
@@ -388,5 +412,90 @@ mod tests {
             Err(Error::InvalidArgument(_))
         ));
         assert!(raw_options(&ConnectOptions::default(), t).is_ok());
+    }
+
+    /// `send_queue_depth` is added to the message sends' share: at u32::MAX the sum overflowed
+    /// (a panic with overflow checks, a wrap to a tiny send queue without).
+    #[test]
+    fn an_extreme_send_queue_depth_is_refused_not_wrapped() {
+        let t = Duration::from_secs(1);
+        for depth in [u32::MAX, u32::MAX - 100, 1 << 30] {
+            let opts = ConnectOptions {
+                send_queue_depth: depth,
+                ..ConnectOptions::default()
+            };
+            match raw_options(&opts, t) {
+                Err(Error::InvalidArgument(InvalidArgument::SendQueueDepthTooLarge {
+                    send_queue_depth,
+                    ..
+                })) => assert_eq!(send_queue_depth, depth),
+                other => panic!("{depth}: {other:?}"),
+            }
+        }
+        let deep = ConnectOptions {
+            send_queue_depth: MAX_SEND_QUEUE_DEPTH,
+            ..ConnectOptions::default()
+        };
+        let qp = raw_options(&deep, t).expect("the largest depth").qp;
+        assert_eq!(
+            qp.caps.max_send_wr,
+            MAX_SEND_QUEUE_DEPTH + sink_sends(&deep)
+        );
+    }
+
+    /// The local ACK timeout is a 5-bit code: RDMA CM passes a larger one on unchecked and the
+    /// device truncates or shifts it (32 becomes 0, "wait forever", in a 5-bit field).
+    #[test]
+    fn an_ack_timeout_beyond_five_bits_is_refused() {
+        let t = Duration::from_secs(1);
+        for code in [32, 200, u8::MAX] {
+            let opts = ConnectOptions::default().ack_timeout(Some(code));
+            match raw_options(&opts, t) {
+                Err(Error::InvalidArgument(InvalidArgument::AckTimeoutOutOfRange {
+                    ack_timeout,
+                })) => assert_eq!(ack_timeout, code),
+                other => panic!("{code}: {other:?}"),
+            }
+        }
+        for code in [None, Some(0), Some(31)] {
+            let opts = ConnectOptions::default().ack_timeout(code);
+            assert!(raw_options(&opts, t).is_ok(), "{code:?}");
+        }
+        // The raw connector's options too.
+        let raw = RawOptions::default().ack_timeout(Some(32));
+        assert!(matches!(
+            raw.validate(),
+            Err(Error::InvalidArgument(
+                InvalidArgument::AckTimeoutOutOfRange { ack_timeout: 32 }
+            ))
+        ));
+    }
+
+    /// A keepalive interval of zero made the next keepalive due at once whenever one completed
+    /// (`poll_timeout` at `now`: the connection's task wakes again immediately); a keepalive
+    /// timeout of zero failed an idle healthy connection after one keepalive interval, before
+    /// the peer's own keepalive could arrive.
+    #[test]
+    fn zero_keepalive_durations_are_refused() {
+        let t = Duration::from_secs(1);
+        for (opts, name) in [
+            (
+                ConnectOptions::default().keepalive(Some(Duration::ZERO)),
+                "keepalive",
+            ),
+            (
+                ConnectOptions::default().keepalive_timeout(Duration::ZERO),
+                "keepalive_timeout",
+            ),
+        ] {
+            match raw_options(&opts, t) {
+                Err(Error::InvalidArgument(InvalidArgument::ZeroKeepalive { option })) => {
+                    assert_eq!(option, name);
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let off = ConnectOptions::default().keepalive(None);
+        assert!(raw_options(&off, t).is_ok());
     }
 }

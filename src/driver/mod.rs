@@ -87,12 +87,15 @@ impl Driver {
     ///
     /// # Errors
     ///
-    /// Verb errors creating the channel or CQ.
+    /// [`Error::InvalidArgument`] for a `poll_batch` of 0 or above 4096 or an adaptive
+    /// `max_spin` above one second (as [`EndpointOptions`](crate::EndpointOptions) refuses
+    /// them); verb errors creating the channel or CQ.
     ///
     /// # Panics
     ///
     /// If called outside a Tokio runtime.
     pub fn new(ctx: &Context, opts: DriverOptions) -> Result<Driver> {
+        opts.check().map_err(Error::InvalidArgument)?;
         let channel = CompletionChannel::new(ctx)?;
         let cq = CompletionQueue::new(ctx, opts.cq_size, Some(&channel))?;
         cq.set_driven();

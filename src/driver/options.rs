@@ -80,7 +80,7 @@ pub struct DriverOptions {
     pub cq_size: u32,
     /// How the completion task waits.
     pub mode: CompletionMode,
-    /// Completions polled per `ibv_poll_cq` call.
+    /// Completions polled per `ibv_poll_cq` call (1..=4096).
     pub poll_batch: usize,
 }
 
@@ -95,6 +95,22 @@ impl Default for DriverOptions {
 }
 
 impl DriverOptions {
+    /// Refuses a batch of 0 or above 4096 and an adaptive `max_spin` above one second (the
+    /// checks [`Driver::new`](super::Driver::new) and `EndpointOptions` share).
+    pub(crate) fn check(&self) -> Result<(), InvalidArgument> {
+        if self.poll_batch == 0 || self.poll_batch > 4096 {
+            return Err(InvalidArgument::PollBatchOutOfRange {
+                poll_batch: self.poll_batch,
+            });
+        }
+        if let CompletionMode::Adaptive { max_spin } = self.mode {
+            if max_spin > Duration::from_secs(1) {
+                return Err(InvalidArgument::AdaptiveSpinTooLong { max_spin });
+            }
+        }
+        Ok(())
+    }
+
     /// Sets the completion mode.
     pub fn mode(mut self, mode: CompletionMode) -> Self {
         self.mode = mode;
@@ -189,4 +205,26 @@ pub struct DriverStats {
     /// Queue pairs on a shared receive queue destroyed without that event, 2 s after they
     /// started closing (a provider that does not send it: soft-RoCE before Linux 6.5).
     pub last_wqe_timeouts: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_options_outside_their_ranges_are_refused() {
+        let ok = DriverOptions::default();
+        assert!(ok.check().is_ok());
+        for n in [0, 4097, usize::MAX] {
+            assert_eq!(
+                ok.clone().poll_batch(n).check(),
+                Err(InvalidArgument::PollBatchOutOfRange { poll_batch: n })
+            );
+        }
+        let max_spin = Duration::MAX;
+        assert_eq!(
+            ok.mode(CompletionMode::Adaptive { max_spin }).check(),
+            Err(InvalidArgument::AdaptiveSpinTooLong { max_spin })
+        );
+    }
 }

@@ -217,6 +217,14 @@ pub enum InvalidArgument {
     /// A listener's backlog of 0.
     #[error("a listener's backlog must be at least 1")]
     ZeroBacklog,
+    /// A listener's backlog above the largest accepted.
+    #[error("a listener's backlog of {backlog} is above {max}")]
+    BacklogTooLarge {
+        /// The backlog asked for.
+        backlog: usize,
+        /// The largest accepted.
+        max: usize,
+    },
     /// `ConnectOptions::retry_count` above 6.
     #[error("retry_count {retry_count} is not in 0..=6 (7 means retry forever on some devices)")]
     RetryCountOutOfRange {
@@ -230,6 +238,30 @@ pub enum InvalidArgument {
         max_send_chunk: u32,
         /// The least allowed.
         min: u32,
+    },
+    /// `ConnectOptions::send_queue_depth` above what any device's queue pair takes.
+    #[error(
+        "send_queue_depth {send_queue_depth} is above {max} (no device has send queues this \
+         deep)"
+    )]
+    SendQueueDepthTooLarge {
+        /// The depth asked for.
+        send_queue_depth: u32,
+        /// The largest allowed.
+        max: u32,
+    },
+    /// A local ACK timeout code above 31 (`ConnectOptions::ack_timeout`,
+    /// `RawOptions::ack_timeout`).
+    #[error("ack_timeout {ack_timeout} is not in 0..=31 (a 5-bit code: 4.096 us x 2^n)")]
+    AckTimeoutOutOfRange {
+        /// The code asked for.
+        ack_timeout: u8,
+    },
+    /// A keepalive interval or keepalive timeout of zero.
+    #[error("ConnectOptions::{option} of zero (keepalive(None) sends no keepalives)")]
+    ZeroKeepalive {
+        /// The option: `"keepalive"` or `"keepalive_timeout"`.
+        option: &'static str,
     },
     /// `ConnectOptions::max_staged_chunks` of 0.
     #[error("max_staged_chunks 0: copied sends could never go out")]

@@ -164,10 +164,15 @@ pub struct WcBatch {
 }
 
 impl WcBatch {
-    /// A buffer that polls at most `n` completions at a time (at least 1).
+    /// The most completions one batch holds (3 MiB of `ibv_wc`): a larger capacity is
+    /// clamped to it.
+    pub const MAX_CAPACITY: usize = 1 << 16;
+
+    /// A buffer that polls at most `n` completions at a time (at least 1, at most
+    /// [`MAX_CAPACITY`](Self::MAX_CAPACITY)).
     pub fn with_capacity(n: usize) -> WcBatch {
         WcBatch {
-            buf: vec![WorkCompletion(sys::ibv_wc::default()); n.max(1)],
+            buf: vec![WorkCompletion(sys::ibv_wc::default()); n.clamp(1, Self::MAX_CAPACITY)],
         }
     }
 
@@ -188,6 +193,19 @@ impl WcBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `vec![_; n]` of a caller's `n`: `usize::MAX` panicked with "capacity overflow", and a
+    /// large representable `n` asks for 48 bytes per entry (`1 << 32`: 192 GiB, an abort),
+    /// for a poll that `ibv_poll_cq` caps at `i32::MAX` entries anyway. A driver's
+    /// `DriverOptions::poll_batch` comes here unchecked through `Driver::new`.
+    #[test]
+    fn a_huge_batch_capacity_is_clamped() {
+        assert_eq!(WcBatch::with_capacity(0).capacity(), 1);
+        assert_eq!(WcBatch::with_capacity(32).capacity(), 32);
+        for n in [usize::MAX, 1 << 32, WcBatch::MAX_CAPACITY + 1] {
+            assert_eq!(WcBatch::with_capacity(n).capacity(), WcBatch::MAX_CAPACITY);
+        }
+    }
 
     #[test]
     fn synthetic_completion() {

@@ -315,12 +315,19 @@ impl RegCache {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an empty or wrapping range; the registration error if
+    /// [`Error::InvalidArgument`] for an empty range or one that wraps the address space
+    /// (rounded up to whole pages); the registration error if
     /// a miss cannot be registered ([`Error::MemlockExhausted`] names `RLIMIT_MEMLOCK`; an
     /// unmapped range gives [`Error::RegMr`] with `EFAULT`).
     pub fn lookup_or_register(&self, ptr: *const u8, len: usize) -> Result<MrLease> {
         let start = ptr as u64;
-        let Some(end) = start.checked_add(len as u64).filter(|_| len > 0) else {
+        let page = BASE_PAGE_SIZE as u64;
+        // The range and its page-rounded end must fit the address space.
+        let ends = start
+            .checked_add(len as u64)
+            .filter(|_| len > 0)
+            .and_then(|end| Some((end, end.div_ceil(page).checked_mul(page)?)));
+        let Some((end, page_end)) = ends else {
             return Err(Error::InvalidArgument(InvalidArgument::CacheRange {
                 len,
                 addr: ptr as usize,
@@ -331,8 +338,7 @@ impl RegCache {
         }
         // A miss reads `/proc/self/maps` and registers (pinning every page) WITHOUT the
         // cache's lock: lookups of other threads (hits above all) go on meanwhile.
-        let page = BASE_PAGE_SIZE as u64;
-        let pg = (start & !(page - 1), end.div_ceil(page) * page);
+        let pg = (start & !(page - 1), page_end);
         let mapping = vma::find(pg.0, pg.1);
         let writable = mapping.as_ref().is_none_or(|m| m.writable);
         let mut want = pg;

@@ -293,3 +293,24 @@ fn cache_of(g: Gated) -> RegCache {
     // SAFETY: the tests keep the memory they look up mapped for the cache's lifetime.
     unsafe { RegCache::new(g, CacheConfig::default()) }
 }
+
+/// A range that does not wrap the address space but ends in its last page: rounding its end
+/// up to a page overflowed (a panic with overflow checks; without, an end of 0 and a
+/// registration of `0 - start` bytes).
+#[test]
+fn a_range_in_the_last_page_is_refused_not_rounded_past_the_end() {
+    let (f, live, _calls) = fake::shared();
+    let c = cache(f, CacheConfig::default());
+    for (addr, len) in [
+        (usize::MAX - 10, 5),
+        (usize::MAX - PAGE, PAGE),
+        (usize::MAX - 1, 1),
+    ] {
+        match c.lookup_or_register(addr as *const u8, len) {
+            Err(Error::InvalidArgument(InvalidArgument::CacheRange { .. })) => {}
+            other => panic!("{addr:#x}+{len}: {other:?}"),
+        }
+    }
+    assert_eq!(live.load(SeqCst), 0);
+    assert_eq!(c.metrics().registrations, 0);
+}

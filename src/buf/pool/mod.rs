@@ -143,7 +143,8 @@ impl PoolConfig {
         self
     }
 
-    /// Free-list shards per class (0, the default: one per CPU, at most 16).
+    /// Free-list shards per class (0, the default: one per CPU, at most 16). Any value is
+    /// capped at each class's buffer count.
     pub fn shards(mut self, shards: usize) -> PoolConfig {
         self.shards = shards;
         self
@@ -283,7 +284,8 @@ impl Pool {
                 count: c.count as u32,
                 reg,
                 mem,
-                free: FreeList::new_full(c.count as u32, shards),
+                // More shards than buffers could never all hold one.
+                free: FreeList::new_full(c.count as u32, shards.min(c.count)),
                 waiters: WaitQueue::default(),
             });
         }

@@ -260,3 +260,24 @@ fn stress_on_a_multi_thread_runtime() {
     let all: Vec<PoolBuf> = std::iter::from_fn(|| p.try_acquire(1).unwrap()).collect();
     assert_eq!(all.len(), 3, "no slot lost or duplicated");
 }
+
+/// An explicit shard count is not capped like the default: `shards(usize::MAX)` made
+/// `FreeList::new_full` collect `usize::MAX` shards (a capacity-overflow panic; a large but
+/// representable count, an allocation the size of the count). Shards beyond the class's
+/// buffers can never hold one.
+#[test]
+fn an_extreme_shard_count_is_clamped() {
+    for shards in [usize::MAX, 1 << 40] {
+        let cfg = PoolConfig::default()
+            .classes([SizeClass::new(4096, 8)])
+            .huge_pages(HugePages::Never)
+            .shards(shards);
+        let p = Pool::new(&FakeRegistrar::default(), cfg).unwrap();
+        let bufs: Vec<_> = (0..8)
+            .map(|_| p.try_acquire(10).unwrap().unwrap())
+            .collect();
+        assert!(p.try_acquire(10).unwrap().is_none());
+        drop(bufs);
+        assert_eq!(p.metrics().buffers_in_use, 0);
+    }
+}

@@ -86,7 +86,7 @@ pub struct RawOptions {
     pub retry_count: u8,
     /// RNR retries, 0..=7 (7: forever).
     pub rnr_retry_count: u8,
-    /// Local ACK timeout code (4.096 µs · 2^n); `None` keeps RDMA CM's path-derived value.
+    /// Local ACK timeout code (4.096 µs · 2^n, 0..=31); `None` keeps RDMA CM's path-derived value.
     pub ack_timeout: Option<u8>,
     /// The limit for each step of the setup (address, route, the peer's answer, the
     /// established event).
@@ -180,7 +180,8 @@ impl RawOptions {
         self
     }
 
-    /// Sets the local ACK timeout code.
+    /// Sets the local ACK timeout code (0..=31: 4.096 us x 2^n, 0: no timeout; larger codes are
+    /// refused).
     pub fn ack_timeout(mut self, code: Option<u8>) -> Self {
         self.ack_timeout = code;
         self
@@ -193,7 +194,8 @@ impl RawOptions {
     }
 
     /// Checks what can be checked before anything is created.
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
+        check_ack_timeout(self.ack_timeout)?;
         if self.retry_count > 7 || self.rnr_retry_count > 7 {
             return Err(Error::InvalidArgument(InvalidArgument::RawRetryCount {
                 retry_count: self.retry_count,
@@ -218,6 +220,17 @@ impl RawOptions {
         p.retry_count = self.retry_count;
         p.rnr_retry_count = self.rnr_retry_count;
         p
+    }
+}
+
+/// Refuses a local ACK timeout code above 31: the queue pair's field has 5 bits, and RDMA CM
+/// passes a larger code on unchecked (a device truncates it, 32 to 0: no timeout at all).
+pub(crate) fn check_ack_timeout(code: Option<u8>) -> Result<()> {
+    match code {
+        Some(ack_timeout) if ack_timeout > 31 => Err(Error::InvalidArgument(
+            InvalidArgument::AckTimeoutOutOfRange { ack_timeout },
+        )),
+        _ => Ok(()),
     }
 }
 
