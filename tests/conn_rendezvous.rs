@@ -6,7 +6,8 @@
 //! the runtime (never sent, its registration released), a send dropped after its descriptor
 //! went out (the message still arrives whole and its memory is released), a `recv_into`
 //! dropped while the device writes into its buffer (the next receive gets the message), end of
-//! stream after a rendezvous message, a peer without rendezvous (chunked instead), and that
+//! stream after a rendezvous message, a peer without rendezvous (chunked instead), an empty
+//! message under a threshold of 0 (sent plainly), and that
 //! every registration is gone afterwards (`rdma resource`).
 #![allow(clippy::print_stdout)]
 
@@ -311,4 +312,33 @@ async fn without_rendezvous_on_one_side_large_messages_are_chunked() {
     assert!(got[..] == pattern[..]);
     assert_eq!(client.stats().protocol.rendezvous_sent, 0);
     assert!(server.stats().recv_bytes_copied > 0, "reassembled");
+}
+
+/// With `rendezvous_threshold(Some(0))` every `send_bytes` goes by rendezvous, except an empty
+/// one: there is nothing to register (`ibv_reg_mr` of zero bytes fails), so it goes as a plain
+/// send and arrives as an empty message. Until a2b9fc3 it failed with a registration error.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn an_empty_message_is_sent_plainly_even_when_everything_goes_by_rendezvous() {
+    common::init_tracing();
+    let ep = Endpoint::open(&common::device_name()).expect("endpoint");
+    let (client, server) = pair(&ep, 7434, opts().rendezvous_threshold(Some(0))).await;
+    assert!(client.params().rendezvous);
+    // A plain send resolves once handed to the device, without the receiver.
+    within(60, "empty send", client.send_bytes(bytes::Bytes::new()))
+        .await
+        .expect("an empty send_bytes");
+    let got = within(60, "empty message", server.recv()).await;
+    assert_eq!(got.unwrap().expect("a message").len(), 0);
+    // A non-empty one still goes by rendezvous.
+    let (sent, got) = within(60, "one byte", async {
+        tokio::join!(
+            client.send_bytes(bytes::Bytes::from_static(&[7])),
+            server.recv()
+        )
+    })
+    .await;
+    sent.unwrap();
+    assert_eq!(&got.unwrap().unwrap()[..], &[7]);
+    assert_eq!(client.stats().protocol.rendezvous_sent, 1);
 }
