@@ -70,6 +70,7 @@ pub mod driver;
 mod endpoint;
 mod error;
 pub mod ops;
+pub mod owned;
 // The sans-IO core is private; the micro-benchmarks (`bench-internals`) and the fuzz targets
 // (`fuzz-internals`, fuzz/) reach it through a hidden module, never through the normal API.
 #[cfg(any(feature = "bench-internals", feature = "fuzz-internals"))]

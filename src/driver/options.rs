@@ -52,6 +52,17 @@ impl Default for CompletionMode {
 }
 
 impl CompletionMode {
+    /// Refuses an adaptive `max_spin` above one second (a wait would hold its worker that long
+    /// before it sleeps).
+    pub(crate) fn check(&self) -> Result<(), InvalidArgument> {
+        if let CompletionMode::Adaptive { max_spin } = *self {
+            if max_spin > Duration::from_secs(1) {
+                return Err(InvalidArgument::AdaptiveSpinTooLong { max_spin });
+            }
+        }
+        Ok(())
+    }
+
     /// Why connection options asking for this mode are refused on an endpoint whose mode is
     /// `endpoint`. The error layer sits below the driver, so it carries each mode as its name
     /// and `max_spin` (and prints them as `Debug` does).
@@ -103,12 +114,7 @@ impl DriverOptions {
                 poll_batch: self.poll_batch,
             });
         }
-        if let CompletionMode::Adaptive { max_spin } = self.mode {
-            if max_spin > Duration::from_secs(1) {
-                return Err(InvalidArgument::AdaptiveSpinTooLong { max_spin });
-            }
-        }
-        Ok(())
+        self.mode.check()
     }
 
     /// Sets the completion mode.

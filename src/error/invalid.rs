@@ -650,6 +650,56 @@ pub enum InvalidArgument {
         /// The endpoint's device.
         endpoint_device: String,
     },
+    /// An [`OwnedQp`](crate::owned::OwnedQp) post on a full send queue (its requests in
+    /// flight are as many as the queue holds).
+    ///
+    /// What to do: wait for a completion (`wait`, `next`) before posting more, or create the
+    /// queue pair with a deeper send queue.
+    #[error("the send queue is full ({depth} requests in flight)")]
+    SendQueueFull {
+        /// The queue's depth.
+        depth: u32,
+    },
+    /// An [`OwnedQp`](crate::owned::OwnedQp) post on a full receive queue.
+    ///
+    /// What to do: wait for a receive to complete before posting more, or create the queue
+    /// pair with a deeper receive queue.
+    #[error("the receive queue is full ({depth} receives posted)")]
+    RecvQueueFull {
+        /// The queue's depth.
+        depth: u32,
+    },
+    /// Every slot of an [`OwnedQp`](crate::owned::OwnedQp) holds a request in flight or a
+    /// completion nobody took: tickets were dropped without being waited for.
+    ///
+    /// What to do: take completions with `next()` (or wait for each ticket).
+    #[error(
+        "all {slots} request slots hold completions that were not taken (take them with next())"
+    )]
+    UncollectedCompletions {
+        /// The queue pair's slots.
+        slots: u32,
+    },
+    /// A [`Ticket`](crate::owned::Ticket) given to another queue pair than the one that issued
+    /// it, or one whose completion was already taken.
+    #[error("the ticket is not one of this queue pair's requests waiting to be taken")]
+    ForeignTicket,
+    /// An [`OwnedQp`](crate::owned::OwnedQp) queue deeper than its maximum, or no queue at all.
+    #[error(
+        "queue depths of {send} sends and {recv} receives: each must be at most {max}, and one non-zero"
+    )]
+    QueueDepthOutOfRange {
+        /// The send queue's depth asked for.
+        send: u32,
+        /// The receive queue's.
+        recv: u32,
+        /// The maximum of each.
+        max: u32,
+    },
+    /// An [`OwnedQp`](crate::owned::OwnedQp) created outside a Tokio runtime (its waits sleep
+    /// in the runtime's reactor).
+    #[error("an OwnedQp must be created inside a Tokio runtime")]
+    OwnedQpWithoutRuntime,
     /// A raw request prepared on a listener that has no endpoint.
     #[error("the listener has no endpoint for raw requests")]
     NoRawEndpoint,

@@ -1,0 +1,644 @@
+//! [`OwnedQp`]: a queue pair owned by one task, with a completion queue of its own.
+//!
+//! The [`AsyncQp`](crate::driver::AsyncQp) of a [`Driver`](crate::driver::Driver) shares its
+//! completion queue with every queue pair of the driver: its operations are futures any task
+//! may hold and drop, so every completion is routed through an operation table behind the
+//! driver's lock, and a completion task watches what nobody polls. An `OwnedQp` gives that up
+//! for the common case of one task driving one queue pair (a connection's handler, a
+//! benchmark loop), as perftest and UCX's workers do:
+//!
+//! * its operations take `&mut self`: no lock, no shared table, nothing to route;
+//! * a posted request's buffer is owned by a slot of the queue pair's ring, named by the
+//!   request's `wr_id`, until its completion has been polled. Waiting futures only borrow the
+//!   queue pair, so dropping or forgetting one cannot free memory the device uses;
+//! * waits poll the queue pair's own CQ in place; to sleep, they arm it and wait on its
+//!   channel's descriptor in the reactor, which wakes the waiting task directly (no
+//!   completion task in between);
+//! * dropped with requests in flight, it moves the queue pair to the error state and keeps
+//!   their buffers until the device has flushed every one of them (in a task of the current
+//!   runtime, for up to 10 s, or, outside one, for up to a second in place); buffers the
+//!   device did not release by then are leaked, never freed.
+//!
+//! Instructions per operation against perftest's: docs/benchmarks-speed-3.md.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use tokio_rdma::buf::{IoBuf, RemoteToken};
+//! use tokio_rdma::owned::{OwnedQp, OwnedQpOptions};
+//! use tokio_rdma::verbs::{AccessFlags, Context, ProtectionDomain, RegisteredBuffer};
+//!
+//! # async fn demo(peer: tokio_rdma::verbs::QpAddress, remote: RemoteToken) -> tokio_rdma::Result<()> {
+//! let (ctx, port) = Context::open_first_active()?;
+//! let pd = ProtectionDomain::new(&ctx)?;
+//! let mut qp: OwnedQp<RegisteredBuffer> = OwnedQp::new(&pd, OwnedQpOptions::default())?;
+//! // Exchange `qp.verbs().local_address(port, None)?` with the peer, then:
+//! qp.verbs().connect(port, &peer, AccessFlags::LOCAL_WRITE, Default::default(), Default::default())?;
+//! let buf = RegisteredBuffer::new(&pd, 4096, AccessFlags::LOCAL_WRITE)?;
+//! let (res, buf) = qp.write(buf, remote).await;
+//! res?;
+//! # drop(buf); Ok(()) }
+//! ```
+
+mod ring;
+mod wait;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, error, warn};
+
+use self::ring::Ring;
+pub use self::ring::{Completed, Ticket};
+use self::wait::{CqWait, Flushes};
+use crate::buf::RemoteToken;
+use crate::driver::CompletionMode;
+use crate::error::{Error, InvalidArgument, Result};
+use crate::ops::{SgSource, SgTarget};
+use crate::proto::SgList;
+use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr};
+
+/// The deepest queue an owned queue pair accepts (each side): its ring has a slot per request
+/// and the CQ an entry, allocated up front.
+pub const MAX_QUEUE_DEPTH: u32 = 1 << 16;
+
+/// How long a queue pair dropped outside a runtime waits in place for the device to flush its
+/// requests in flight before leaking their buffers.
+const BLOCKING_REAP: Duration = Duration::from_secs(1);
+
+/// How long the task that reaps a dropped queue pair waits for the device to flush its
+/// requests in flight before leaking their buffers.
+const REAP_LIMIT: Duration = Duration::from_secs(10);
+
+/// How an [`OwnedQp`] is created.
+///
+/// # Examples
+///
+/// ```
+/// use tokio_rdma::driver::CompletionMode;
+/// use tokio_rdma::owned::OwnedQpOptions;
+///
+/// let mut opts = OwnedQpOptions::default();
+/// opts.mode = CompletionMode::BusyPoll;
+/// opts.caps.max_send_wr = 16;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OwnedQpOptions {
+    /// Queue sizes and limits (each queue at most [`MAX_QUEUE_DEPTH`]).
+    pub caps: QpCaps,
+    /// How waits poll and sleep (default: adaptive, as a driver's).
+    pub mode: CompletionMode,
+    /// Send small payloads inline (up to `caps.max_inline_data` bytes).
+    pub inline: bool,
+}
+
+impl Default for OwnedQpOptions {
+    fn default() -> Self {
+        OwnedQpOptions {
+            caps: QpCaps {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            mode: CompletionMode::default(),
+            inline: true,
+        }
+    }
+}
+
+/// A reliable-connected queue pair owned by one task, with a completion queue of its own (see
+/// the [module](self) docs). Every request is posted at once by a `&mut self` method, and its
+/// buffer `B` comes back with its outcome.
+///
+/// Must be created inside a Tokio runtime; its waits sleep in that runtime's reactor.
+pub struct OwnedQp<B: SgSource + SgTarget> {
+    qp: QueuePair,
+    ring: Ring<B>,
+    cq: CqWait,
+    caps: QpCaps,
+    inline: bool,
+}
+
+impl<B: SgSource + SgTarget> OwnedQp<B> {
+    /// Creates the queue pair and its completion queue on `pd`'s device, in the RESET state:
+    /// connect it with [`verbs`](Self::verbs) (INIT, RTR, RTS) before posting.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidArgument::QueueDepthOutOfRange`] for a queue deeper than
+    /// [`MAX_QUEUE_DEPTH`]; [`InvalidArgument::OwnedQpWithoutRuntime`] outside a Tokio
+    /// runtime; the verbs' errors creating the channel, CQ and queue pair.
+    pub fn new(pd: &ProtectionDomain, opts: OwnedQpOptions) -> Result<OwnedQp<B>> {
+        let (send, recv) = (opts.caps.max_send_wr, opts.caps.max_recv_wr);
+        if send > MAX_QUEUE_DEPTH || recv > MAX_QUEUE_DEPTH || send + recv == 0 {
+            return Err(Error::InvalidArgument(
+                InvalidArgument::QueueDepthOutOfRange {
+                    send,
+                    recv,
+                    max: MAX_QUEUE_DEPTH,
+                },
+            ));
+        }
+        opts.mode.check().map_err(Error::InvalidArgument)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::InvalidArgument(
+                InvalidArgument::OwnedQpWithoutRuntime,
+            ));
+        }
+        let cq = CqWait::new(pd.context(), send + recv, opts.mode)?;
+        let mut attr = QpInitAttr::new(&cq.cq, &cq.cq);
+        attr.caps = opts.caps;
+        let qp = QueuePair::new_rc(pd, &attr)?;
+        qp.set_driven();
+        let caps = qp.caps();
+        debug!(qpn = qp.qpn(), ?caps, mode = ?opts.mode, "owned queue pair created");
+        Ok(OwnedQp {
+            ring: Ring::new(
+                qp.qpn(),
+                send.min(caps.max_send_wr),
+                recv.min(caps.max_recv_wr),
+            ),
+            qp,
+            cq,
+            caps,
+            inline: opts.inline,
+        })
+    }
+
+    /// The verbs queue pair, to connect it (INIT/RTR/RTS) and query it. Posting on it directly
+    /// is refused by the safe APIs ([`QueuePair::is_driven`]).
+    pub fn verbs(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        self.qp.qpn()
+    }
+
+    /// The queue pair's actual limits.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// Requests posted whose completion has not been polled yet.
+    pub fn in_flight(&self) -> u32 {
+        self.ring.in_flight()
+    }
+
+    /// Posts a send of `buf`'s initialised bytes (with immediate data if `imm` is given).
+    ///
+    /// # Errors
+    ///
+    /// The buffer comes back with the error: a full send queue
+    /// ([`InvalidArgument::SendQueueFull`]), completions not taken
+    /// ([`InvalidArgument::UncollectedCompletions`]), a buffer without an lkey or with too
+    /// many segments, or [`Error::PostSend`].
+    pub fn post_send(&mut self, buf: B, imm: Option<u32>) -> Result<Ticket, (Error, B)> {
+        let op = match imm {
+            Some(imm) => SendOp::SendWithImm(imm),
+            None => SendOp::Send,
+        };
+        self.post_source(buf, |_| Ok(op))
+    }
+
+    /// Posts an RDMA WRITE of `buf`'s initialised bytes to the start of `remote` (with
+    /// immediate data, consuming a receive of the peer, if `imm` is given).
+    ///
+    /// # Errors
+    ///
+    /// As [`post_send`](Self::post_send), and [`InvalidArgument::TokenRange`] if the bytes do
+    /// not fit in `remote` (nothing is posted).
+    pub fn post_write(
+        &mut self,
+        buf: B,
+        remote: RemoteToken,
+        imm: Option<u32>,
+    ) -> Result<Ticket, (Error, B)> {
+        self.post_source(buf, |len| {
+            let remote_addr = remote.check(0, len)?;
+            let rkey = remote.rkey();
+            Ok(match imm {
+                Some(imm) => SendOp::WriteWithImm {
+                    remote_addr,
+                    rkey,
+                    imm,
+                },
+                None => SendOp::Write { remote_addr, rkey },
+            })
+        })
+    }
+
+    /// Posts an RDMA READ of `remote`'s first `buf.bytes_total()` bytes into `buf` (the whole
+    /// of each buffer of a list); the outcome's `len` is what was read.
+    ///
+    /// # Errors
+    ///
+    /// As [`post_write`](Self::post_write).
+    pub fn post_read(&mut self, mut buf: B, remote: RemoteToken) -> Result<Ticket, (Error, B)> {
+        let sges = match target_sges(&mut buf, self.caps.max_send_sge) {
+            Ok(s) => s,
+            Err(e) => return Err((e, buf)),
+        };
+        let op = match remote.check(0, sges.total_len()) {
+            Ok(remote_addr) => SendOp::Read {
+                remote_addr,
+                rkey: remote.rkey(),
+            },
+            Err(e) => return Err((e, buf)),
+        };
+        self.post_send_wr(buf, op, &sges, false)
+    }
+
+    /// Posts a receive into `buf` (its whole capacity); the outcome's `len` is what arrived,
+    /// and `buf`'s initialised length is set to it.
+    ///
+    /// # Errors
+    ///
+    /// As [`post_send`](Self::post_send), with [`InvalidArgument::RecvQueueFull`] and
+    /// [`Error::PostRecv`].
+    pub fn post_recv(&mut self, mut buf: B) -> Result<Ticket, (Error, B)> {
+        let sges = match target_sges(&mut buf, self.caps.max_recv_sge) {
+            Ok(s) => s,
+            Err(e) => return Err((e, buf)),
+        };
+        let (wr_id, ticket) = self.ring.post(false, buf)?;
+        // SAFETY: the ring's slot owns the buffer, whose memory the SGEs name, until this
+        // request's completion is polled from this queue pair's CQ (or, if the queue pair is
+        // dropped first, until its flush completion is, else it is leaked). The memory stays
+        // put when the buffer moves (`IoBuf`'s stable pointer).
+        match unsafe { self.qp.post_recv(&[RecvWr::new(wr_id, sges.as_slice())]) } {
+            Ok(()) => Ok(ticket),
+            Err(e) => Err((e, self.ring.unpost(ticket))),
+        }
+    }
+
+    fn post_source(
+        &mut self,
+        buf: B,
+        op: impl FnOnce(u64) -> Result<SendOp>,
+    ) -> Result<Ticket, (Error, B)> {
+        let mut sges = SgList::new();
+        if let Err(e) = buf.source_segments(&mut sges) {
+            return Err((e, buf));
+        }
+        if let Err(e) = check_sges(sges.len(), self.caps.max_send_sge) {
+            return Err((e, buf));
+        }
+        let total = sges.total_len();
+        let op = match op(total) {
+            Ok(op) => op,
+            Err(e) => return Err((e, buf)),
+        };
+        let inline = self.inline && total > 0 && total <= u64::from(self.caps.max_inline_data);
+        self.post_send_wr(buf, op, &sges, inline)
+    }
+
+    fn post_send_wr(
+        &mut self,
+        buf: B,
+        op: SendOp,
+        sges: &SgList,
+        inline: bool,
+    ) -> Result<Ticket, (Error, B)> {
+        let (wr_id, ticket) = self.ring.post(true, buf)?;
+        let wr = SendWr::new(wr_id, op, sges.as_slice()).inline(inline);
+        // SAFETY: as in `post_recv`: the ring owns the buffer the SGEs name until the
+        // request's completion (every request is signaled) is polled from this CQ.
+        match unsafe { self.qp.post_send(&[wr]) } {
+            Ok(()) => Ok(ticket),
+            Err(e) => Err((e, self.ring.unpost(ticket))),
+        }
+    }
+
+    /// Waits for the request of `ticket`; resolves with its outcome and its buffer.
+    /// Completions of other requests found meanwhile are kept for their own tickets (or
+    /// [`next`](Self::next)).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidArgument::ForeignTicket`] if `ticket` is not of this queue pair's (the future
+    /// then never exists).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it resolves gives the request up: it stays posted, and its
+    /// buffer is dropped once its completion is polled (by a later wait, or when the queue pair
+    /// is dropped). Nothing else is lost.
+    pub fn wait(&mut self, ticket: Ticket) -> Result<Wait<'_, B>> {
+        if !self.ring.owns(&ticket) {
+            return Err(Error::InvalidArgument(InvalidArgument::ForeignTicket));
+        }
+        Ok(Wait {
+            qp: self,
+            state: State::Waiting(ticket),
+        })
+    }
+
+    /// Waits for the oldest completed request not taken yet; resolves to `None` at once if
+    /// nothing is completed or in flight.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a completion is taken only when the future resolves with it.
+    pub fn next(&mut self) -> Next<'_, B> {
+        Next { qp: self }
+    }
+
+    /// Sends `buf` and waits for the send's completion (see [`post_send`](Self::post_send)
+    /// and [`wait`](Self::wait)).
+    ///
+    /// # Cancel safety
+    ///
+    /// The request is posted by this call; dropping the future gives it up as
+    /// [`wait`](Self::wait) says.
+    pub fn send(&mut self, buf: B) -> Wait<'_, B> {
+        let r = self.post_send(buf, None);
+        self.waiting(r)
+    }
+
+    /// Posts a receive into `buf` and waits for a message (see [`post_recv`](Self::post_recv)).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`send`](Self::send): a receive given up still consumes a message, whose buffer
+    /// is dropped.
+    pub fn recv(&mut self, buf: B) -> Wait<'_, B> {
+        let r = self.post_recv(buf);
+        self.waiting(r)
+    }
+
+    /// Writes `buf`'s initialised bytes to `remote` and waits for the completion (see
+    /// [`post_write`](Self::post_write)).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`send`](Self::send).
+    pub fn write(&mut self, buf: B, remote: RemoteToken) -> Wait<'_, B> {
+        let r = self.post_write(buf, remote, None);
+        self.waiting(r)
+    }
+
+    /// Reads `remote` into `buf` and waits for the completion (see
+    /// [`post_read`](Self::post_read)).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`send`](Self::send).
+    pub fn read(&mut self, buf: B, remote: RemoteToken) -> Wait<'_, B> {
+        let r = self.post_read(buf, remote);
+        self.waiting(r)
+    }
+
+    fn waiting(&mut self, posted: Result<Ticket, (Error, B)>) -> Wait<'_, B> {
+        let state = match posted {
+            Ok(t) => State::Waiting(t),
+            Err((e, b)) => State::Failed(e, b),
+        };
+        Wait { qp: self, state }
+    }
+
+    /// Applies completions until `done` says the wait is over.
+    fn poll_until<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut done: impl FnMut(&mut Ring<B>) -> Option<T>,
+    ) -> Poll<T> {
+        loop {
+            if let Some(t) = done(&mut self.ring) {
+                return Poll::Ready(t);
+            }
+            if self.cq.poll_progress(cx, &mut self.ring).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl<B: SgSource + SgTarget> std::fmt::Debug for OwnedQp<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedQp")
+            .field("qpn", &self.qp.qpn())
+            .field("in_flight", &self.ring.in_flight())
+            .field("caps", &self.caps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: SgSource + SgTarget> std::fmt::Debug for Wait<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Waiting(_) => "waiting",
+            State::Failed(..) => "failed to post",
+            State::Finished => "finished",
+        };
+        f.debug_struct("Wait")
+            .field("qpn", &self.qp.qp.qpn())
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<B: SgSource + SgTarget> std::fmt::Debug for Next<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Next")
+            .field("qpn", &self.qp.qp.qpn())
+            .finish()
+    }
+}
+
+fn target_sges<T: SgTarget>(buf: &mut T, max: u32) -> Result<SgList> {
+    let mut sges = SgList::new();
+    buf.target_segments(&mut sges)?;
+    check_sges(sges.len(), max)?;
+    Ok(sges)
+}
+
+fn check_sges(n: usize, max: u32) -> Result<()> {
+    if n > max as usize {
+        return Err(Error::InvalidArgument(InvalidArgument::TooManySges {
+            count: n,
+            max,
+        }));
+    }
+    Ok(())
+}
+
+enum State<B> {
+    Waiting(Ticket),
+    Failed(Error, B),
+    Finished,
+}
+
+/// The future of [`OwnedQp::wait`] and of the operations that post and wait: resolves with the
+/// request's outcome and its buffer (a receive's or read's buffer has its initialised length
+/// set to what arrived).
+///
+/// # Cancel safety
+///
+/// See [`OwnedQp::wait`].
+#[must_use = "a dropped wait gives its request up"]
+pub struct Wait<'a, B: SgSource + SgTarget> {
+    qp: &'a mut OwnedQp<B>,
+    state: State<B>,
+}
+
+// The future never pins its buffer (it only moves it out), so it is `Unpin` whatever `B` is.
+impl<B: SgSource + SgTarget> Unpin for Wait<'_, B> {}
+
+impl<B: SgSource + SgTarget> Future for Wait<'_, B> {
+    type Output = (Result<Completed>, B);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match std::mem::replace(&mut this.state, State::Finished) {
+            State::Failed(e, b) => Poll::Ready((Err(e), b)),
+            State::Finished => panic!("`Wait` polled after it resolved"),
+            State::Waiting(ticket) => {
+                let mut ticket = Some(ticket);
+                let r = this.qp.poll_until(cx, |ring| {
+                    match ring.take(ticket.take().expect("ticket")) {
+                        Ok(Ok((_, res, buf))) => Some((res, buf)),
+                        Ok(Err(t)) => {
+                            ticket = Some(t);
+                            None
+                        }
+                        Err(_) => unreachable!("the ticket was checked"),
+                    }
+                });
+                match r {
+                    Poll::Ready((res, mut buf)) => {
+                        if let Ok(c) = &res {
+                            buf.set_filled(c.len);
+                        }
+                        Poll::Ready((res, buf))
+                    }
+                    Poll::Pending => {
+                        this.state = State::Waiting(ticket.expect("ticket"));
+                        Poll::Pending
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<B: SgSource + SgTarget> Drop for Wait<'_, B> {
+    fn drop(&mut self) {
+        if let State::Waiting(t) = &self.state {
+            self.qp.ring.detach(t);
+        }
+    }
+}
+
+/// The future of [`OwnedQp::next`]: the ticket, outcome and buffer of the oldest completed
+/// request not taken yet, or `None` if nothing is completed or in flight.
+///
+/// # Cancel safety
+///
+/// Cancel safe.
+#[must_use = "futures do nothing unless polled"]
+pub struct Next<'a, B: SgSource + SgTarget> {
+    qp: &'a mut OwnedQp<B>,
+}
+
+impl<B: SgSource + SgTarget> Future for Next<'_, B> {
+    type Output = Option<(Ticket, Result<Completed>, B)>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        this.qp.poll_until(cx, |ring| match ring.take_next() {
+            Some((t, res, mut buf)) => {
+                if let Ok(c) = &res {
+                    buf.set_filled(c.len);
+                }
+                Some(Some((t, res, buf)))
+            }
+            None if ring.in_flight() == 0 => Some(None),
+            None => None,
+        })
+    }
+}
+
+impl<B: SgSource + SgTarget> Drop for OwnedQp<B> {
+    fn drop(&mut self) {
+        drop(self.ring.release_settled());
+        if self.ring.in_flight() == 0 {
+            return;
+        }
+        // The device may still use the buffers of requests in flight: move the queue pair to
+        // the error state, so that each is flushed, and keep them until every completion is
+        // polled.
+        if let Err(e) = self.qp.to_error() {
+            warn!(qpn = self.qp.qpn(), error = %e, "moving a dropped owned queue pair to the error state failed");
+        }
+        self.ring.detach_all();
+        let owner = self.qp.qpn();
+        let ring = std::mem::replace(&mut self.ring, Ring::new(owner, 0, 0));
+        let reap = Reap {
+            ring,
+            cq: self.cq.flushes(),
+            _qp: self.qp.clone(),
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(reap.run());
+            }
+            Err(_) => reap.run_blocking(),
+        }
+    }
+}
+
+/// What a dropped queue pair leaves until the device has flushed its requests in flight.
+struct Reap<B> {
+    ring: Ring<B>,
+    cq: Flushes,
+    _qp: QueuePair,
+}
+
+impl<B> Reap<B> {
+    /// Polls, yielding between polls, until every request in flight has completed (a flush
+    /// takes the device microseconds), or for at most [`REAP_LIMIT`]: then what is left leaks.
+    async fn run(mut self) {
+        let start = Instant::now();
+        while self.ring.in_flight() > 0 && start.elapsed() < REAP_LIMIT {
+            if self.cq.poll(&mut self.ring) == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        debug!(
+            left = self.ring.in_flight(),
+            "a dropped owned queue pair was reaped"
+        );
+    }
+
+    /// [`run`](Self::run) outside a runtime: sleeps between polls, for at most
+    /// [`BLOCKING_REAP`].
+    fn run_blocking(mut self) {
+        let start = Instant::now();
+        while self.ring.in_flight() > 0 && start.elapsed() < BLOCKING_REAP {
+            if self.cq.poll(&mut self.ring) == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+}
+
+impl<B> Drop for Reap<B> {
+    fn drop(&mut self) {
+        // Still in flight (the runtime shut down, or the device never flushed them): the
+        // device may write them yet. Leak them rather than free memory it may use.
+        let leaked = self.ring.leak_in_flight();
+        if leaked > 0 {
+            error!(
+                leaked,
+                "an owned queue pair was dropped and its requests were not flushed; their buffers are leaked"
+            );
+        }
+    }
+}

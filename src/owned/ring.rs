@@ -1,0 +1,317 @@
+//! The slot ring of an [`OwnedQp`](super::OwnedQp): who owns each posted work request's buffer
+//! until its completion, and where a completion goes, found by its `wr_id` in O(1).
+//!
+//! Pure bookkeeping with no device and no clock, tested on the host. A slot is given out by
+//! [`Ring::post`], owns the request's buffer from then on, and is free again only once its
+//! completion was applied *and* taken (or its taker was dropped): so the `wr_id` of every
+//! completion in the queue pair's own completion queue names a slot that is still waiting for
+//! it, and no completion can reach another request's buffer.
+
+use std::collections::VecDeque;
+
+use crate::error::{Error, InvalidArgument};
+
+/// What a successful work completion reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completed {
+    /// Bytes transferred: what a receive got, what an RDMA READ read (0 for sends and writes).
+    pub len: usize,
+    /// The immediate data of a receive, if the sender attached some.
+    pub imm: Option<u32>,
+}
+
+/// One posted work request: [`OwnedQp::wait`](super::OwnedQp::wait) takes its outcome and its
+/// buffer back. Not `Clone`: each completion is taken once.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a ticket not waited for keeps its slot (and buffer) until `next()` takes it"]
+pub struct Ticket {
+    pub(super) owner: u32,
+    pub(super) slot: u32,
+    pub(super) generation: u32,
+}
+
+#[derive(Debug)]
+enum State {
+    Free,
+    /// Posted; the device may use the buffer.
+    Posted {
+        send: bool,
+        detached: bool,
+    },
+    /// Completed, waiting to be taken.
+    Done(Result<Completed, Error>),
+}
+
+#[derive(Debug)]
+struct Slot<B> {
+    generation: u32,
+    state: State,
+    buf: Option<B>,
+}
+
+/// The outcome a taker gets, and the buffer.
+pub(super) type Taken<B> = (Ticket, Result<Completed, Error>, B);
+
+#[derive(Debug)]
+pub(super) struct Ring<B> {
+    owner: u32,
+    slots: Vec<Slot<B>>,
+    free: Vec<u32>,
+    /// Completed slots in completion order, as `(slot, generation)`; entries whose slot was
+    /// taken by a ticket since are skipped (and compacted away before the deque would grow).
+    ready: VecDeque<(u32, u32)>,
+    sends: u32,
+    recvs: u32,
+    max_send: u32,
+    max_recv: u32,
+}
+
+impl<B> Ring<B> {
+    /// Room for `max_send` and `max_recv` requests in flight; twice as many slots, so that
+    /// completed requests waiting to be taken do not stop new posts at once.
+    pub(super) fn new(owner: u32, max_send: u32, max_recv: u32) -> Ring<B> {
+        let n = 2 * (max_send as usize + max_recv as usize);
+        Ring {
+            owner,
+            slots: (0..n)
+                .map(|_| Slot {
+                    generation: 0,
+                    state: State::Free,
+                    buf: None,
+                })
+                .collect(),
+            free: (0..n as u32).rev().collect(),
+            ready: VecDeque::with_capacity(n),
+            sends: 0,
+            recvs: 0,
+            max_send,
+            max_recv,
+        }
+    }
+
+    /// Requests posted and not completed yet (the device may still use their buffers).
+    pub(super) fn in_flight(&self) -> u32 {
+        self.sends + self.recvs
+    }
+
+    /// Takes a slot for a request on the send (`send`) or receive queue and gives it the
+    /// buffer. Returns the `wr_id` to post it with, or the error and the buffer if the queue
+    /// is full or every slot holds a completion not taken yet.
+    pub(super) fn post(&mut self, send: bool, buf: B) -> Result<(u64, Ticket), (Error, B)> {
+        let full = if send {
+            (self.sends >= self.max_send).then_some(InvalidArgument::SendQueueFull {
+                depth: self.max_send,
+            })
+        } else {
+            (self.recvs >= self.max_recv).then_some(InvalidArgument::RecvQueueFull {
+                depth: self.max_recv,
+            })
+        };
+        if let Some(e) = full {
+            return Err((Error::InvalidArgument(e), buf));
+        }
+        let Some(i) = self.free.pop() else {
+            let slots = self.slots.len() as u32;
+            return Err((
+                Error::InvalidArgument(InvalidArgument::UncollectedCompletions { slots }),
+                buf,
+            ));
+        };
+        let slot = &mut self.slots[i as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.state = State::Posted {
+            send,
+            detached: false,
+        };
+        slot.buf = Some(buf);
+        if send {
+            self.sends += 1;
+        } else {
+            self.recvs += 1;
+        }
+        let ticket = Ticket {
+            owner: self.owner,
+            slot: i,
+            generation: slot.generation,
+        };
+        Ok((wr_id(i, slot.generation), ticket))
+    }
+
+    /// The request of `ticket` never reached the device (its post failed): frees its slot and
+    /// gives the buffer back.
+    pub(super) fn unpost(&mut self, ticket: Ticket) -> B {
+        let slot = &mut self.slots[ticket.slot as usize];
+        debug_assert_eq!(slot.generation, ticket.generation);
+        let State::Posted { send, .. } = slot.state else {
+            unreachable!("unpost of a request that is not posted");
+        };
+        self.count_done(send);
+        let slot = &mut self.slots[ticket.slot as usize];
+        slot.state = State::Free;
+        self.free.push(ticket.slot);
+        slot.buf.take().expect("a posted slot holds its buffer")
+    }
+
+    fn count_done(&mut self, send: bool) {
+        if send {
+            self.sends -= 1;
+        } else {
+            self.recvs -= 1;
+        }
+    }
+
+    /// Applies the completion of `wr_id`. Returns `false` if it names no posted request (which
+    /// the queue pair's own completion queue cannot produce; it is ignored). A request whose
+    /// taker is gone has its buffer dropped here and its slot freed.
+    pub(super) fn complete(&mut self, wr_id: u64, outcome: Result<Completed, Error>) -> bool {
+        let (i, generation) = split(wr_id);
+        let Some(slot) = self.slots.get_mut(i as usize) else {
+            return false;
+        };
+        let State::Posted { send, detached } = slot.state else {
+            return false;
+        };
+        if slot.generation != generation {
+            return false;
+        }
+        if detached {
+            slot.state = State::Free;
+            let buf = slot.buf.take();
+            self.free.push(i);
+            self.count_done(send);
+            drop(buf);
+            return true;
+        }
+        slot.state = State::Done(outcome);
+        self.count_done(send);
+        if self.ready.len() == self.ready.capacity() {
+            // Entries of slots a ticket took meanwhile: at most one live entry per slot, and
+            // this slot's is not in yet, so compacting always leaves room.
+            let slots = &self.slots;
+            self.ready.retain(|&(i, g)| is_done(slots, i, g));
+        }
+        self.ready.push_back((i, generation));
+        true
+    }
+
+    /// Takes the outcome of `ticket`'s request if it has completed; gives the ticket back if
+    /// not. A ticket of another queue pair, or one already taken, is an error.
+    pub(super) fn take(&mut self, ticket: Ticket) -> Result<Result<Taken<B>, Ticket>, Error> {
+        if !self.owns(&ticket) {
+            return Err(Error::InvalidArgument(InvalidArgument::ForeignTicket));
+        }
+        if !is_done(&self.slots, ticket.slot, ticket.generation) {
+            return Ok(Err(ticket));
+        }
+        let (res, buf) = self.free_done(ticket.slot);
+        Ok(Ok((ticket, res, buf)))
+    }
+
+    /// Takes the oldest completed request not taken yet.
+    pub(super) fn take_next(&mut self) -> Option<Taken<B>> {
+        while let Some((i, generation)) = self.ready.pop_front() {
+            if is_done(&self.slots, i, generation) {
+                let (res, buf) = self.free_done(i);
+                let ticket = Ticket {
+                    owner: self.owner,
+                    slot: i,
+                    generation,
+                };
+                return Some((ticket, res, buf));
+            }
+        }
+        None
+    }
+
+    fn free_done(&mut self, i: u32) -> (Result<Completed, Error>, B) {
+        let slot = &mut self.slots[i as usize];
+        let State::Done(res) = std::mem::replace(&mut slot.state, State::Free) else {
+            unreachable!("checked done");
+        };
+        self.free.push(i);
+        (res, slot.buf.take().expect("a done slot holds its buffer"))
+    }
+
+    /// The taker of `ticket` is gone: a completed request's buffer is dropped now, a posted
+    /// one's when its completion arrives.
+    pub(super) fn detach(&mut self, ticket: &Ticket) {
+        let Some(slot) = self.slots.get_mut(ticket.slot as usize) else {
+            return;
+        };
+        if slot.generation != ticket.generation || ticket.owner != self.owner {
+            return;
+        }
+        match &mut slot.state {
+            State::Posted { detached, .. } => *detached = true,
+            State::Done(_) => {
+                drop(self.free_done(ticket.slot));
+            }
+            State::Free => {}
+        }
+    }
+
+    /// Whether `ticket` names a request of this ring that was not taken yet.
+    pub(super) fn owns(&self, ticket: &Ticket) -> bool {
+        ticket.owner == self.owner
+            && self.slots.get(ticket.slot as usize).is_some_and(|s| {
+                s.generation == ticket.generation && !matches!(s.state, State::Free)
+            })
+    }
+
+    /// Every request in flight is given up (the queue pair is dropped): each buffer is
+    /// dropped when its completion is applied.
+    pub(super) fn detach_all(&mut self) {
+        for slot in &mut self.slots {
+            if let State::Posted { detached, .. } = &mut slot.state {
+                *detached = true;
+            }
+        }
+    }
+
+    /// Leaks the buffer of every request still in flight (the device may still use it);
+    /// returns how many.
+    pub(super) fn leak_in_flight(&mut self) -> usize {
+        let mut n = 0;
+        for slot in &mut self.slots {
+            if matches!(slot.state, State::Posted { .. }) {
+                if let Some(b) = slot.buf.take() {
+                    std::mem::forget(b);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Every buffer of a request that is not in flight: taken out, for dropping once the
+    /// caller has released what it holds. In-flight buffers stay.
+    pub(super) fn release_settled(&mut self) -> Vec<B> {
+        let mut out = Vec::new();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if matches!(slot.state, State::Done(_)) {
+                slot.state = State::Free;
+                self.free.push(i as u32);
+                out.extend(slot.buf.take());
+            }
+        }
+        self.ready.clear();
+        out
+    }
+}
+
+fn is_done<B>(slots: &[Slot<B>], i: u32, generation: u32) -> bool {
+    slots
+        .get(i as usize)
+        .is_some_and(|s| s.generation == generation && matches!(s.state, State::Done(_)))
+}
+
+fn wr_id(slot: u32, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | u64::from(slot)
+}
+
+fn split(wr_id: u64) -> (u32, u32) {
+    (wr_id as u32, (wr_id >> 32) as u32)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,248 @@
+//! How an [`OwnedQp`](super::OwnedQp)'s futures learn of completions: they poll the queue
+//! pair's own completion queue in place, and, to sleep, arm it and wait on its completion
+//! channel's descriptor through the reactor, which wakes the waiting task itself. No other
+//! task, lock or table is involved: one CQ poll finds the completion, its `wr_id` names the
+//! ring slot that owns the buffer.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tracing::{trace, warn};
+
+use super::ring::{Completed, Ring};
+use crate::driver::CompletionMode;
+use crate::error::{Error, QpFailure, Result, WcStatus};
+use crate::verbs::{CompletionChannel, CompletionQueue, WcBatch, WorkCompletion};
+
+/// Busy and adaptive modes: CQ polls in place per poll of the future, before it yields to the
+/// runtime (wakes itself and returns `Pending`), so that other tasks, the reactor and the
+/// timers still run. An empty poll of a soft-RoCE CQ is about 40 instructions; 64 of them
+/// are a few microseconds, well under a runtime's scheduling slice.
+const SPIN_POLLS: u32 = 64;
+
+/// Completions read per `ibv_poll_cq`.
+const BATCH: usize = 16;
+
+/// CQ events acknowledged in one `ibv_ack_cq_events`.
+const ACK_BATCH: u32 = 32;
+
+/// Keeps the completion channel (and so its descriptor) open while registered.
+struct ChannelFd(CompletionChannel);
+
+impl AsRawFd for ChannelFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// The completion queue of one owned queue pair, and how its waits poll and sleep.
+pub(super) struct CqWait {
+    pub(super) cq: CompletionQueue,
+    events: AsyncFd<ChannelFd>,
+    mode: CompletionMode,
+    /// The CQ is armed: its next completion raises an event.
+    armed: bool,
+    /// The reactor that registered the channel is gone (its runtime shut down): sleeping is
+    /// impossible, every wait polls and yields instead.
+    no_reactor: bool,
+    /// Adaptive mode: when the current wait started spinning.
+    spin_since: Option<Instant>,
+    batch: WcBatch,
+    /// The first failure a completion reported: flushed requests after it report it too.
+    failure: Option<QpFailure>,
+}
+
+impl CqWait {
+    /// A completion queue of `cqe` entries with a channel registered with the current runtime's
+    /// reactor.
+    pub(super) fn new(
+        ctx: &crate::verbs::Context,
+        cqe: u32,
+        mode: CompletionMode,
+    ) -> Result<CqWait> {
+        let channel = CompletionChannel::new(ctx)?;
+        let cq = CompletionQueue::new(ctx, cqe, Some(&channel))?;
+        cq.set_driven();
+        // SAFETY: `ChannelFd` owns a handle of the channel, so the descriptor stays open and
+        // the same for the whole life of the AsyncFd.
+        let events =
+            unsafe { AsyncFd::register_with_interest(ChannelFd(channel), Interest::READABLE) }
+                .map_err(|e| Error::CreateCompChannel(e.into()))?;
+        Ok(CqWait {
+            cq,
+            events,
+            mode,
+            armed: false,
+            no_reactor: false,
+            spin_since: None,
+            batch: WcBatch::with_capacity(BATCH),
+            failure: None,
+        })
+    }
+
+    /// Polls one batch of completions into `ring`; returns how many were applied.
+    pub(super) fn poll_once<B>(&mut self, ring: &mut Ring<B>) -> usize {
+        poll_into(&self.cq, &mut self.batch, &mut self.failure, ring)
+    }
+
+    /// What a reaper of the dropped queue pair needs to poll its flushes (the reactor
+    /// registration is not kept: the reaper does not sleep on events).
+    pub(super) fn flushes(&self) -> Flushes {
+        Flushes {
+            cq: self.cq.clone(),
+            batch: WcBatch::with_capacity(BATCH),
+            failure: self.failure.clone(),
+        }
+    }
+
+    /// Waits until a poll of the CQ applied at least one completion to `ring`. The caller
+    /// checks whether the one it waits for is among them, and calls again if not.
+    pub(super) fn poll_progress<B>(
+        &mut self,
+        cx: &mut Context<'_>,
+        ring: &mut Ring<B>,
+    ) -> Poll<()> {
+        let spin = match self.mode {
+            CompletionMode::BusyPoll => true,
+            CompletionMode::Event => self.no_reactor,
+            CompletionMode::Adaptive { max_spin } => {
+                let since = *self.spin_since.get_or_insert_with(Instant::now);
+                self.no_reactor || since.elapsed() < max_spin
+            }
+        };
+        if spin {
+            for _ in 0..SPIN_POLLS {
+                if self.poll_once(ring) > 0 {
+                    self.spin_since = None;
+                    return Poll::Ready(());
+                }
+            }
+            // A slice spent: let the runtime run others, then go on.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let r = self.poll_event(cx, ring);
+        if r.is_ready() {
+            self.spin_since = None;
+        }
+        r
+    }
+
+    /// Sleeps until the CQ's next event: arms it if it is not (then polls once, for a
+    /// completion that came before the arm), and waits for its channel to be readable.
+    fn poll_event<B>(&mut self, cx: &mut Context<'_>, ring: &mut Ring<B>) -> Poll<()> {
+        loop {
+            if !self.armed {
+                if let Err(e) = self.cq.req_notify_driven(false) {
+                    warn!(error = %e, "arming the owned queue pair's CQ failed; polling instead");
+                    self.no_reactor = true;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                self.armed = true;
+                if self.poll_once(ring) > 0 {
+                    return Poll::Ready(());
+                }
+            }
+            let mut guard = match self.events.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(guard)) => guard,
+                Poll::Ready(Err(e)) => {
+                    // The runtime that registered the channel shut down.
+                    warn!(error = %e, "the owned queue pair's reactor is gone; polling instead");
+                    self.no_reactor = true;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            };
+            loop {
+                match self.cq.get_event_driven() {
+                    Ok(true) => self.armed = false,
+                    Ok(false) => {
+                        guard.clear_ready();
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "reading a CQ event failed");
+                        guard.clear_ready();
+                        self.armed = false;
+                        break;
+                    }
+                }
+            }
+            if self.cq.unacked_events() >= ACK_BATCH {
+                self.cq.ack_events();
+            }
+            trace!(armed = self.armed, "CQ event");
+            if self.poll_once(ring) > 0 {
+                return Poll::Ready(());
+            }
+        }
+    }
+}
+
+/// The completion queue of a dropped queue pair, polled until its requests are flushed.
+pub(super) struct Flushes {
+    cq: CompletionQueue,
+    batch: WcBatch,
+    failure: Option<QpFailure>,
+}
+
+impl Flushes {
+    pub(super) fn poll<B>(&mut self, ring: &mut Ring<B>) -> usize {
+        poll_into(&self.cq, &mut self.batch, &mut self.failure, ring)
+    }
+}
+
+/// Polls one batch of `cq` into `ring`; returns how many completions were applied.
+fn poll_into<B>(
+    cq: &CompletionQueue,
+    batch: &mut WcBatch,
+    failure: &mut Option<QpFailure>,
+    ring: &mut Ring<B>,
+) -> usize {
+    let wcs = match cq.poll_driven(batch) {
+        Ok(wcs) => wcs,
+        Err(e) => {
+            // `ibv_poll_cq` fails only on a provider's internal error; the wait goes on.
+            warn!(error = %e, "polling an owned queue pair's CQ failed");
+            return 0;
+        }
+    };
+    for wc in wcs {
+        let outcome = outcome(wc, failure);
+        if !ring.complete(wc.wr_id(), outcome) {
+            // Cannot happen: only this queue pair posts to the CQ, with ring ids.
+            warn!(
+                wr_id = wc.wr_id(),
+                "completion for no request of this queue pair"
+            );
+        }
+    }
+    wcs.len()
+}
+
+/// A completion's outcome: success with its length and immediate, or the failure. A flush
+/// reports the failure that moved the queue pair to the error state, if one was seen.
+fn outcome(wc: &WorkCompletion, failure: &mut Option<QpFailure>) -> Result<Completed> {
+    if wc.is_success() {
+        return Ok(Completed {
+            len: wc.byte_len() as usize,
+            imm: wc.imm(),
+        });
+    }
+    if wc.status() == WcStatus::WrFlushErr {
+        return Err(Error::QpFailed(
+            failure.clone().unwrap_or(QpFailure::Flushed),
+        ));
+    }
+    let f = QpFailure::WorkCompletion {
+        status: wc.status(),
+        vendor_err: wc.vendor_err(),
+    };
+    failure.get_or_insert_with(|| f.clone());
+    Err(Error::QpFailed(f))
+}

@@ -1,0 +1,288 @@
+//! Device tests of `OwnedQp`, the queue pair owned by one task with a CQ of its own: every
+//! operation with data verified in each completion mode, what a dropped wait or a dropped
+//! queue pair does with buffers the device may still use, and the errors of bad input. Run
+//! in the soft-RoCE VM (`scripts/test`); ignored on hosts without a device.
+#![allow(clippy::print_stdout)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    all_access, connect_qps, mr_count, open_device, pattern, reg_with, resource_counts, within,
+};
+use tokio_rdma::buf::RemoteToken;
+use tokio_rdma::driver::CompletionMode;
+use tokio_rdma::owned::{OwnedQp, OwnedQpOptions};
+use tokio_rdma::verbs::{AccessFlags, ProtectionDomain, RegisteredBuffer};
+use tokio_rdma::{Error, InvalidArgument, QpFailure, WcStatus};
+
+type Qp = OwnedQp<RegisteredBuffer>;
+
+struct Pair {
+    pd: ProtectionDomain,
+    a: Qp,
+    b: Qp,
+}
+
+fn pair(mode: CompletionMode) -> Pair {
+    let (ctx, _port) = open_device();
+    let pd = ProtectionDomain::new(&ctx).expect("pd");
+    let mut opts = OwnedQpOptions::default();
+    opts.mode = mode;
+    opts.caps.max_send_wr = 8;
+    opts.caps.max_recv_wr = 8;
+    let a = Qp::new(&pd, opts).expect("qp a");
+    let b = Qp::new(&pd, opts).expect("qp b");
+    connect_qps(&ctx, a.verbs(), b.verbs(), all_access());
+    Pair { pd, a, b }
+}
+
+fn token(b: &RegisteredBuffer) -> RemoteToken {
+    RemoteToken::new(b.addr(), b.len() as u64, b.rkey())
+}
+
+fn modes() -> [CompletionMode; 3] {
+    [
+        CompletionMode::BusyPoll,
+        CompletionMode::Event,
+        CompletionMode::default(),
+    ]
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn every_operation_round_trips_in_every_mode() {
+    for mode in modes() {
+        let Pair { pd, mut a, mut b } = pair(mode);
+        for (i, len) in [2usize, 64, 4096, 70_000].into_iter().enumerate() {
+            let data = pattern(len, i as u8);
+            // Send and receive, with immediate data.
+            let rx = RegisteredBuffer::new(&pd, len, AccessFlags::LOCAL_WRITE).unwrap();
+            let t = b.post_recv(rx).map_err(|(e, _)| e).unwrap();
+            let tx = reg_with(&pd, &data, AccessFlags::LOCAL_WRITE);
+            let sent = a
+                .post_send(tx, Some(0xfeed_0000 + i as u32))
+                .map_err(|(e, _)| e)
+                .unwrap();
+            let ((sres, _tx), (rres, rx)) = within(60, "send/recv", async {
+                let s = a.wait(sent).unwrap().await;
+                let r = b.wait(t).unwrap().await;
+                (s, r)
+            })
+            .await;
+            sres.unwrap();
+            let got = rres.unwrap();
+            assert_eq!(got.len, len, "{mode:?}: receive length");
+            assert_eq!(got.imm, Some(0xfeed_0000 + i as u32));
+            assert_eq!(rx.to_vec(), data, "{mode:?}: received bytes");
+            // RDMA WRITE into b's buffer, then READ it back into a fresh one.
+            let target = RegisteredBuffer::new(&pd, len, all_access()).unwrap();
+            let (res, _src) = within(
+                60,
+                "write",
+                a.write(
+                    reg_with(&pd, &data, AccessFlags::LOCAL_WRITE),
+                    token(&target),
+                ),
+            )
+            .await;
+            res.unwrap();
+            assert_eq!(target.to_vec(), data, "{mode:?}: written bytes");
+            let back = RegisteredBuffer::new(&pd, len, AccessFlags::LOCAL_WRITE).unwrap();
+            let (res, back) = within(60, "read", b.read(back, token(&target))).await;
+            assert_eq!(res.unwrap().len, len);
+            assert_eq!(back.to_vec(), data, "{mode:?}: read bytes");
+        }
+        assert_eq!((a.in_flight(), b.in_flight()), (0, 0));
+        println!("{mode:?}: ok");
+    }
+}
+
+/// Completions come out of `next()` in completion order, and `wait` on one ticket keeps the
+/// others for theirs.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn completions_found_while_waiting_for_another_are_kept_for_their_tickets() {
+    let Pair { pd, mut a, mut b } = pair(CompletionMode::Event);
+    let mut tickets = Vec::new();
+    for i in 0..4u8 {
+        let rx = RegisteredBuffer::new(&pd, 16, AccessFlags::LOCAL_WRITE).unwrap();
+        tickets.push((i, b.post_recv(rx).map_err(|(e, _)| e).unwrap()));
+    }
+    for i in 0..4u8 {
+        let (res, _) = within(
+            60,
+            "send",
+            a.send(reg_with(&pd, &[i; 16], AccessFlags::LOCAL_WRITE)),
+        )
+        .await;
+        res.unwrap();
+    }
+    // Wait for the last receive first: the three before it are polled on the way.
+    let (i, last) = tickets.pop().unwrap();
+    let (res, buf) = within(60, "last recv", b.wait(last).unwrap()).await;
+    assert_eq!((res.unwrap().len, buf.to_vec()), (16, vec![i; 16]));
+    for (i, t) in tickets {
+        let (res, buf) = within(60, "earlier recv", b.wait(t).unwrap()).await;
+        assert_eq!(
+            (res.unwrap().len, buf.to_vec()),
+            (16, vec![i; 16]),
+            "receive {i}"
+        );
+    }
+    assert!(within(10, "next", b.next()).await.is_none(), "nothing left");
+}
+
+/// A wait dropped while its receive is posted: the buffer stays with the queue pair (the
+/// device writes the next message into it) and is released once that completion is polled.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_dropped_wait_keeps_its_buffer_until_the_device_is_done_with_it() {
+    let Pair { pd, mut a, mut b } = pair(CompletionMode::BusyPoll);
+    let before = mr_count();
+    let rx = RegisteredBuffer::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    {
+        let wait = b.recv(rx);
+        // Poll it a few times, then drop it with the receive posted.
+        let _ = tokio::time::timeout(Duration::from_millis(5), wait).await;
+    }
+    assert_eq!(b.in_flight(), 1);
+    assert_eq!(
+        mr_count(),
+        before + 1,
+        "the receive's buffer is still registered"
+    );
+    let (res, _) = within(
+        60,
+        "send",
+        a.send(reg_with(&pd, &[7; 64], AccessFlags::LOCAL_WRITE)),
+    )
+    .await;
+    res.unwrap();
+    // The given-up receive consumed that message; a later wait polls its completion.
+    let rx2 = RegisteredBuffer::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let t = b.post_recv(rx2).map_err(|(e, _)| e).unwrap();
+    let (res, _) = within(
+        60,
+        "send 2",
+        a.send(reg_with(&pd, &[8; 64], AccessFlags::LOCAL_WRITE)),
+    )
+    .await;
+    res.unwrap();
+    let (res, buf) = within(60, "recv 2", b.wait(t).unwrap()).await;
+    assert_eq!((res.unwrap().len, buf.to_vec()), (64, vec![8; 64]));
+    drop(buf);
+    assert_eq!(b.in_flight(), 0);
+    assert_eq!(mr_count(), before, "the given-up buffer was released");
+}
+
+/// Dropped with receives posted: the queue pair is moved to the error state, the buffers are
+/// kept until their flush completions are polled (by a task of the runtime), then released,
+/// and the queue pair destroyed.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_queue_pair_dropped_with_requests_in_flight_releases_them_once_flushed() {
+    for mode in modes() {
+        let Pair { pd, a, mut b } = pair(mode);
+        let base = resource_counts();
+        for _ in 0..8 {
+            let rx = RegisteredBuffer::new(&pd, 256, AccessFlags::LOCAL_WRITE).unwrap();
+            let _ticket = b.post_recv(rx).map_err(|(e, _)| e).unwrap();
+        }
+        assert_eq!(mr_count(), base["mr"] + 8);
+        drop(b);
+        // The reaper is a task of this (current-thread) runtime: it has not run yet, and the
+        // buffers the device may still write are not freed by the drop itself.
+        assert_eq!(
+            mr_count(),
+            base["mr"] + 8,
+            "{mode:?}: freed before their flush"
+        );
+        within(30, "flush and release", async {
+            while mr_count() != base["mr"] || resource_counts()["qp"] != base["qp"] - 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        drop(a);
+        println!("{mode:?}: released");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn bad_input_is_refused_with_the_buffer_back_and_a_failure_reaches_every_request() {
+    let Pair { pd, mut a, mut b } = pair(CompletionMode::default());
+    let target = RegisteredBuffer::new(&pd, 16, all_access()).unwrap();
+    // A write longer than the remote slice: refused before posting.
+    let src = reg_with(&pd, &[1; 32], AccessFlags::LOCAL_WRITE);
+    let (e, src) = a.post_write(src, token(&target), None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument(InvalidArgument::TokenRange { .. })
+        ),
+        "{e}"
+    );
+    assert_eq!(src.len(), 32);
+    assert_eq!(a.in_flight(), 0);
+    // A full receive queue.
+    let mut kept = Vec::new();
+    for _ in 0..8 {
+        let rx = RegisteredBuffer::new(&pd, 16, AccessFlags::LOCAL_WRITE).unwrap();
+        kept.push(b.post_recv(rx).map_err(|(e, _)| e).unwrap());
+    }
+    let rx = RegisteredBuffer::new(&pd, 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let (e, _) = b.post_recv(rx).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument(InvalidArgument::RecvQueueFull { depth: 8 })
+        ),
+        "{e}"
+    );
+    // A ticket of another queue pair.
+    let e = a.wait(kept.pop().unwrap()).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(InvalidArgument::ForeignTicket)),
+        "{e}"
+    );
+    // A write with a wrong rkey fails on the device; the request after it is flushed and
+    // reports the same cause.
+    let bad = RemoteToken::new(target.addr(), 16, target.rkey() ^ 0x55);
+    let w1 = a
+        .post_write(reg_with(&pd, &[2; 16], AccessFlags::LOCAL_WRITE), bad, None)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let w2 = a
+        .post_write(
+            reg_with(&pd, &[3; 16], AccessFlags::LOCAL_WRITE),
+            token(&target),
+            None,
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let (r1, _) = within(60, "bad write", a.wait(w1).unwrap()).await;
+    let (r2, _) = within(60, "flushed write", a.wait(w2).unwrap()).await;
+    let cause = QpFailure::WorkCompletion {
+        status: WcStatus::RemAccessErr,
+        vendor_err: 0,
+    };
+    for r in [r1, r2] {
+        match r {
+            Err(Error::QpFailed(f)) => assert!(
+                matches!(
+                    f,
+                    QpFailure::WorkCompletion {
+                        status: WcStatus::RemAccessErr,
+                        ..
+                    }
+                ),
+                "{f:?} (expected {cause:?})"
+            ),
+            other => panic!("expected a remote access failure, got {other:?}"),
+        }
+    }
+    assert_eq!(target.to_vec(), vec![0; 16], "nothing was written");
+}
