@@ -119,6 +119,8 @@ pub struct TestConfig {
     /// `verbs`: the same loop on the crate's verbs layer, without the async driver (a
     /// baseline that separates the driver's cost from the bindings' and the device's).
     pub verbs: bool,
+    /// `owned`: the same loops on `OwnedQp` (one task, a CQ of its own, no driver).
+    pub owned: bool,
     /// msg tests: send from the connection's registered pool (`Connection::send_bytes`, no
     /// copy) instead of a plain slice (copied into staging buffers).
     pub zero_copy: bool,
@@ -163,7 +165,13 @@ impl TestConfig {
             self.inline,
             self.signal_every,
             u8::from(self.coalesce),
-            if self.verbs { "verbs" } else { "async" },
+            if self.verbs {
+                "verbs"
+            } else if self.owned {
+                "owned"
+            } else {
+                "async"
+            },
             u8::from(self.zero_copy),
             self.rendezvous.name(),
         )
@@ -183,6 +191,7 @@ impl TestConfig {
             signal_every: 1,
             coalesce: false,
             verbs: false,
+            owned: false,
             zero_copy: false,
             rendezvous: Rendezvous::Recv,
         };
@@ -203,7 +212,10 @@ impl TestConfig {
                 "inline" => c.inline = num(v)? as u32,
                 "signal_every" => c.signal_every = num(v)? as u32,
                 "coalesce" => c.coalesce = v == "1",
-                "engine" => c.verbs = v == "verbs",
+                "engine" => {
+                    c.verbs = v == "verbs";
+                    c.owned = v == "owned";
+                }
                 "zero_copy" => c.zero_copy = v == "1",
                 "rendezvous" => {
                     c.rendezvous = match v {
@@ -442,9 +454,10 @@ struct Cli {
     #[arg(long, value_name = "on|off", value_parser = parse_on_off,
           help_heading = "Client options")]
     coalesce: Option<bool>,
-    /// async: the tokio-rdma driver; verbs: the same latency loop on the crate's verbs layer
-    /// (post + busy-poll the CQ, no driver), a baseline
-    #[arg(long, value_name = "E", default_value = "async", value_parser = ["async", "verbs"],
+    /// async: the tokio-rdma driver; owned: the same latency loops on an OwnedQp (one task, a
+    /// CQ of its own); verbs: the same loop on the crate's verbs layer (post + busy-poll the
+    /// CQ, no driver), a baseline
+    #[arg(long, value_name = "E", default_value = "async", value_parser = ["async", "owned", "verbs"],
           help_heading = "Client options")]
     engine: String,
     /// One JSON object per size on stdout instead of the table
@@ -579,6 +592,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
                 _ => 0,
             };
             let verbs = cli.engine == "verbs";
+            let owned = cli.engine == "owned";
             let cfg = TestConfig {
                 test,
                 sizes,
@@ -596,14 +610,15 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
                 signal_every: cli.signal_every.max(1),
                 coalesce: cli.coalesce.unwrap_or(!test.is_lat()),
                 verbs,
+                owned,
                 zero_copy: cli.zero_copy,
                 rendezvous: cli.rendezvous,
             };
             if cfg.zero_copy && !test.is_msg() {
                 return bad("--zero-copy applies to the msg_* tests");
             }
-            if verbs && (!test.is_lat() || test.is_msg()) {
-                return bad("--engine verbs exists for the queue-pair latency tests only");
+            if (verbs || owned) && (!test.is_lat() || test.is_msg()) {
+                return bad("--engine verbs and owned exist for the queue-pair latency tests only");
             }
             if test.is_msg() && cli.qps != 1 {
                 return bad("msg_* tests use one connection");

@@ -22,6 +22,7 @@
 
 mod args;
 mod msg;
+mod owned_engine;
 mod report;
 mod run;
 mod setup;

@@ -116,6 +116,7 @@ pub async fn establish(
         driver: Some(ep.driver().clone()),
         qps: Vec::new(),
         vqps: Vec::new(),
+        oqps: Default::default(),
         exposed: Vec::new(),
         remote: Vec::new(),
         device: ep.device_name().to_string(),

@@ -44,7 +44,7 @@ const MEMORY_POLLS: u32 = 64;
 
 /// Spins until the last byte polled in `buf` at `off` is `want`: `MEMORY_POLLS` reads in
 /// place, then a yield.
-async fn wait_byte(buf: &RegisteredBuffer, off: usize, want: u8) {
+pub(crate) async fn wait_byte(buf: &RegisteredBuffer, off: usize, want: u8) {
     let mut b = [0u8; 1];
     loop {
         for _ in 0..MEMORY_POLLS {
@@ -62,7 +62,7 @@ fn reset_byte(buf: &mut RegisteredBuffer, off: usize) {
     buf.write_at(off, &[0]);
 }
 
-fn local_buf(side: &Side, len: usize) -> Res<RegisteredBuffer> {
+pub(crate) fn local_buf(side: &Side, len: usize) -> Res<RegisteredBuffer> {
     let mut b = RegisteredBuffer::new(&side.pd, len.max(1), AccessFlags::LOCAL_WRITE)?;
     b.as_mut_slice().expect("local").fill(0x5a);
     Ok(b)
@@ -116,6 +116,10 @@ pub async fn client_case(
     };
     let ops = if cfg.verbs {
         let all = crate::verbs_engine::client(side, cfg, size, &mut mark)?;
+        samples.extend_from_slice(&all[cfg.warmup..]);
+        cfg.iters as u64
+    } else if cfg.owned {
+        let all = crate::owned_engine::client(side, cfg, size, &mut mark).await?;
         samples.extend_from_slice(&all[cfg.warmup..]);
         cfg.iters as u64
     } else {
@@ -417,6 +421,10 @@ pub async fn server_case(
     };
     if cfg.verbs {
         crate::verbs_engine::server(side, cfg, size, async || ctrl.send("ready").await).await?;
+        return finish(ctrl).await;
+    }
+    if cfg.owned {
+        crate::owned_engine::server(side, cfg, size, async || ctrl.send("ready").await).await?;
         return finish(ctrl).await;
     }
     if cfg.test.is_msg() {

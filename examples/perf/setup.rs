@@ -138,6 +138,8 @@ pub struct Side {
     pub qps: Vec<AsyncQp>,
     /// The verbs engine's queue pairs, each with its own CQ (polled directly).
     pub vqps: Vec<(QueuePair, CompletionQueue)>,
+    /// The owned engine's queue pairs (borrowed by one loop at a time).
+    pub oqps: tokio::sync::Mutex<Vec<crate::owned_engine::Qp>>,
     /// Per queue pair: memory the peer may write and read (the write/read target, and the
     /// buffer whose last byte write_lat polls).
     pub exposed: Vec<RegisteredBuffer>,
@@ -206,7 +208,7 @@ pub async fn establish(
     } else {
         cfg.mode
     };
-    let driver = if cfg.verbs {
+    let driver = if cfg.verbs || cfg.owned {
         None
     } else {
         Some(Driver::new(
@@ -222,6 +224,7 @@ pub async fn establish(
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mut qps = Vec::new();
     let mut vqps = Vec::new();
+    let mut oqps = Vec::new();
     let mut exposed = Vec::new();
     let mut lines = Vec::new();
     let mut local_eps = Vec::new();
@@ -230,6 +233,16 @@ pub async fn establish(
             Some(d) => {
                 qps.push(d.create_qp(&pd, opts)?);
                 qps.last().expect("pushed").verbs().clone()
+            }
+            None if cfg.owned => {
+                let mut o = tokio_rdma::owned::OwnedQpOptions::default();
+                o.caps = caps;
+                o.mode = mode;
+                o.inline = cfg.inline > 0;
+                let qp = crate::owned_engine::Qp::new(&pd, o)?;
+                let v = qp.verbs().clone();
+                oqps.push(qp);
+                v
             }
             None => {
                 let cq = CompletionQueue::new(&ctx, cq_size, None)?;
@@ -289,6 +302,7 @@ pub async fn establish(
         driver,
         qps,
         vqps,
+        oqps: tokio::sync::Mutex::new(oqps),
         exposed,
         remote: peer.into_iter().map(|(_, t)| t).collect(),
         device: ctx.name().to_string(),
