@@ -99,7 +99,7 @@ async fn every_operation_round_trips_in_every_mode() {
     }
 }
 
-/// Completions come out of `next()` in completion order, and `wait` on one ticket keeps the
+/// Completions come out of `next_completion()` in completion order, and `wait` on one ticket keeps the
 /// others for theirs.
 #[tokio::test(flavor = "current_thread")]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
@@ -131,7 +131,10 @@ async fn completions_found_while_waiting_for_another_are_kept_for_their_tickets(
             "receive {i}"
         );
     }
-    assert!(within(10, "next", b.next()).await.is_none(), "nothing left");
+    assert!(
+        within(10, "next", b.next_completion()).await.is_none(),
+        "nothing left"
+    );
 }
 
 /// A wait dropped while its receive is posted: the buffer stays with the queue pair (the
@@ -285,4 +288,57 @@ async fn bad_input_is_refused_with_the_buffer_back_and_a_failure_reaches_every_r
         }
     }
     assert_eq!(target.to_vec(), vec![0; 16], "nothing was written");
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn atomics_return_the_previous_value_and_misaligned_targets_are_refused() {
+    let Pair { pd, mut a, b: _b } = pair(CompletionMode::BusyPoll);
+    let counter = reg_with(&pd, &5u64.to_ne_bytes(), all_access());
+    let local = || RegisteredBuffer::new(&pd, 8, AccessFlags::LOCAL_WRITE).unwrap();
+    let (before, _) = within(60, "fetch_add", a.fetch_add(local(), token(&counter), 3)).await;
+    assert_eq!(before.unwrap(), 5);
+    let (before, _) = within(60, "fetch_add 2", a.fetch_add(local(), token(&counter), 1)).await;
+    assert_eq!(before.unwrap(), 8);
+    // Compare-and-swap: a miss leaves the value, a hit swaps it.
+    let (before, _) = within(
+        60,
+        "cas miss",
+        a.compare_swap(local(), token(&counter), 1, 100),
+    )
+    .await;
+    assert_eq!(before.unwrap(), 9);
+    let (before, _) = within(
+        60,
+        "cas hit",
+        a.compare_swap(local(), token(&counter), 9, 100),
+    )
+    .await;
+    assert_eq!(before.unwrap(), 9);
+    assert_eq!(counter.to_vec(), 100u64.to_ne_bytes().to_vec());
+    // A target that is not 8-byte aligned: refused before posting, the buffer back.
+    let wide = RegisteredBuffer::new(&pd, 16, all_access()).unwrap();
+    let odd = RemoteToken::new(wide.addr() + 4, 8, wide.rkey());
+    let (e, buf) = a.post_fetch_add(local(), odd, 1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument(InvalidArgument::AtomicUnaligned { .. })
+        ),
+        "{e}"
+    );
+    assert_eq!(buf.len(), 8);
+    // A local buffer too small for the value.
+    let small = RegisteredBuffer::new(&pd, 4, AccessFlags::LOCAL_WRITE).unwrap();
+    let (e, _) = a
+        .post_compare_swap(small, token(&counter), 0, 0)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument(InvalidArgument::AtomicBufferTooSmall)
+        ),
+        "{e}"
+    );
+    assert_eq!(a.in_flight(), 0);
 }

@@ -44,6 +44,7 @@ use tracing::debug;
 
 pub(crate) use deferred::{Deferred, Sink};
 pub(crate) use latency::WaitKind;
+pub(crate) use offload::off_runtime;
 pub use options::{CompletionMode, DriverOptions, DriverStats, QpOptions};
 pub use qp::AsyncQp;
 pub(crate) use raw::{OpConfig, RawOp};

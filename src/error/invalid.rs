@@ -672,9 +672,9 @@ pub enum InvalidArgument {
     /// Every slot of an [`OwnedQp`](crate::owned::OwnedQp) holds a request in flight or a
     /// completion nobody took: tickets were dropped without being waited for.
     ///
-    /// What to do: take completions with `next()` (or wait for each ticket).
+    /// What to do: take completions with `next_completion()` (or wait for each ticket).
     #[error(
-        "all {slots} request slots hold completions that were not taken (take them with next())"
+        "all {slots} request slots hold completions that were not taken (take them with next_completion())"
     )]
     UncollectedCompletions {
         /// The queue pair's slots.

@@ -11,7 +11,7 @@ use crate::proto::WorkRequest;
 use crate::verbs::{SendOp, Sge};
 
 /// Validates an atomic's buffers and builds its request.
-fn atomic_request<B: IoBufMut>(
+pub(crate) fn atomic_request<B: IoBufMut>(
     buf: &mut B,
     remote: &RemoteToken,
     op: impl FnOnce(u64, u32) -> SendOp,
@@ -34,7 +34,7 @@ fn atomic_request<B: IoBufMut>(
     Ok(WorkRequest::send(op(remote_addr, remote.rkey()), &[sge]))
 }
 
-fn previous_value<B: IoBufMut>(buf: &mut B) -> u64 {
+pub(crate) fn previous_value<B: IoBufMut>(buf: &mut B) -> u64 {
     // SAFETY: the buffer holds at least 8 bytes (checked before posting), the device wrote the
     // previous value into them and is done with the buffer (its completion was polled).
     let v = unsafe { std::ptr::read_unaligned(buf.stable_ptr().cast::<u64>()) };

@@ -26,6 +26,7 @@ mod sg;
 mod write;
 
 pub use atomic::{CompareSwap, FetchAdd};
+pub(crate) use atomic::{atomic_request, previous_value};
 pub use read::Read;
 pub use recv::{Recv, RecvInfo};
 pub use send::Send;

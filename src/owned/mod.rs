@@ -40,21 +40,24 @@
 //! # drop(buf); Ok(()) }
 //! ```
 
+mod atomic;
 mod ring;
 mod wait;
 
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, warn};
 
+pub use self::atomic::AtomicWait;
 use self::ring::Ring;
 pub use self::ring::{Completed, Ticket};
 use self::wait::{CqWait, Flushes};
 use crate::buf::RemoteToken;
-use crate::driver::CompletionMode;
+use crate::driver::{CompletionMode, off_runtime};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::ops::{SgSource, SgTarget};
 use crate::proto::SgList;
@@ -117,7 +120,8 @@ impl Default for OwnedQpOptions {
 ///
 /// Must be created inside a Tokio runtime; its waits sleep in that runtime's reactor.
 pub struct OwnedQp<B: SgSource + SgTarget> {
-    qp: QueuePair,
+    /// Taken only by `drop`, which destroys it off the runtime's workers.
+    qp: ManuallyDrop<QueuePair>,
     ring: Ring<B>,
     cq: CqWait,
     caps: QpCaps,
@@ -163,7 +167,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
                 send.min(caps.max_send_wr),
                 recv.min(caps.max_recv_wr),
             ),
-            qp,
+            qp: ManuallyDrop::new(qp),
             cq,
             caps,
             inline: opts.inline,
@@ -318,7 +322,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
 
     /// Waits for the request of `ticket`; resolves with its outcome and its buffer.
     /// Completions of other requests found meanwhile are kept for their own tickets (or
-    /// [`next`](Self::next)).
+    /// [`next_completion`](Self::next_completion)).
     ///
     /// # Errors
     ///
@@ -346,7 +350,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     /// # Cancel safety
     ///
     /// Cancel safe: a completion is taken only when the future resolves with it.
-    pub fn next(&mut self) -> Next<'_, B> {
+    pub fn next_completion(&mut self) -> Next<'_, B> {
         Next { qp: self }
     }
 
@@ -398,7 +402,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     fn waiting(&mut self, posted: Result<Ticket, (Error, B)>) -> Wait<'_, B> {
         let state = match posted {
             Ok(t) => State::Waiting(t),
-            Err((e, b)) => State::Failed(e, b),
+            Err(failed) => State::Failed(Box::new(failed)),
         };
         Wait { qp: self, state }
     }
@@ -471,7 +475,8 @@ fn check_sges(n: usize, max: u32) -> Result<()> {
 
 enum State<B> {
     Waiting(Ticket),
-    Failed(Error, B),
+    /// The post failed (boxed: the future stays small on the path that posts).
+    Failed(Box<(Error, B)>),
     Finished,
 }
 
@@ -496,35 +501,21 @@ impl<B: SgSource + SgTarget> Future for Wait<'_, B> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        match std::mem::replace(&mut this.state, State::Finished) {
-            State::Failed(e, b) => Poll::Ready((Err(e), b)),
-            State::Finished => panic!("`Wait` polled after it resolved"),
-            State::Waiting(ticket) => {
-                let mut ticket = Some(ticket);
-                let r = this.qp.poll_until(cx, |ring| {
-                    match ring.take(ticket.take().expect("ticket")) {
-                        Ok(Ok((_, res, buf))) => Some((res, buf)),
-                        Ok(Err(t)) => {
-                            ticket = Some(t);
-                            None
-                        }
-                        Err(_) => unreachable!("the ticket was checked"),
-                    }
-                });
-                match r {
-                    Poll::Ready((res, mut buf)) => {
-                        if let Ok(c) = &res {
-                            buf.set_filled(c.len);
-                        }
-                        Poll::Ready((res, buf))
-                    }
-                    Poll::Pending => {
-                        this.state = State::Waiting(ticket.expect("ticket"));
-                        Poll::Pending
-                    }
+        let State::Waiting(ticket) = &this.state else {
+            return match std::mem::replace(&mut this.state, State::Finished) {
+                State::Failed(failed) => {
+                    let (e, b) = *failed;
+                    Poll::Ready((Err(e), b))
                 }
-            }
+                _ => panic!("`Wait` polled after it resolved"),
+            };
+        };
+        let (res, mut buf) = ready!(this.qp.poll_until(cx, |ring| ring.take(ticket)));
+        this.state = State::Finished;
+        if let Ok(c) = &res {
+            buf.set_filled(c.len);
         }
+        Poll::Ready((res, buf))
     }
 }
 
@@ -536,7 +527,7 @@ impl<B: SgSource + SgTarget> Drop for Wait<'_, B> {
     }
 }
 
-/// The future of [`OwnedQp::next`]: the ticket, outcome and buffer of the oldest completed
+/// The future of [`OwnedQp::next_completion`]: the ticket, outcome and buffer of the oldest completed
 /// request not taken yet, or `None` if nothing is completed or in flight.
 ///
 /// # Cancel safety
@@ -568,22 +559,27 @@ impl<B: SgSource + SgTarget> Future for Next<'_, B> {
 impl<B: SgSource + SgTarget> Drop for OwnedQp<B> {
     fn drop(&mut self) {
         drop(self.ring.release_settled());
+        // SAFETY: `drop` runs once, and `self.qp` is not used after this (the other fields
+        // drop without touching it).
+        let qp = unsafe { ManuallyDrop::take(&mut self.qp) };
         if self.ring.in_flight() == 0 {
+            // Destroying the queue pair (and, with its last handle, the CQ) may block in the
+            // kernel: not on a worker thread.
+            off_runtime(move || drop(qp));
             return;
         }
         // The device may still use the buffers of requests in flight: move the queue pair to
         // the error state, so that each is flushed, and keep them until every completion is
         // polled.
-        if let Err(e) = self.qp.to_error() {
-            warn!(qpn = self.qp.qpn(), error = %e, "moving a dropped owned queue pair to the error state failed");
+        if let Err(e) = qp.to_error() {
+            warn!(qpn = qp.qpn(), error = %e, "moving a dropped owned queue pair to the error state failed");
         }
         self.ring.detach_all();
-        let owner = self.qp.qpn();
-        let ring = std::mem::replace(&mut self.ring, Ring::new(owner, 0, 0));
+        let ring = std::mem::replace(&mut self.ring, Ring::new(qp.qpn(), 0, 0));
         let reap = Reap {
             ring,
             cq: self.cq.flushes(),
-            _qp: self.qp.clone(),
+            qp: Some(qp),
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -598,7 +594,8 @@ impl<B: SgSource + SgTarget> Drop for OwnedQp<B> {
 struct Reap<B> {
     ring: Ring<B>,
     cq: Flushes,
-    _qp: QueuePair,
+    /// Taken by `drop`, which destroys it off the runtime's workers.
+    qp: Option<QueuePair>,
 }
 
 impl<B> Reap<B> {
@@ -639,6 +636,9 @@ impl<B> Drop for Reap<B> {
                 leaked,
                 "an owned queue pair was dropped and its requests were not flushed; their buffers are leaked"
             );
+        }
+        if let Some(qp) = self.qp.take() {
+            off_runtime(move || drop(qp));
         }
     }
 }

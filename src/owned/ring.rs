@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::error::{Error, InvalidArgument};
+use crate::error::{Error, InvalidArgument, QpFailure, WcStatus};
 
 /// What a successful work completion reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,14 +23,37 @@ pub struct Completed {
 /// One posted work request: [`OwnedQp::wait`](super::OwnedQp::wait) takes its outcome and its
 /// buffer back. Not `Clone`: each completion is taken once.
 #[derive(Debug, PartialEq, Eq)]
-#[must_use = "a ticket not waited for keeps its slot (and buffer) until `next()` takes it"]
+#[must_use = "a ticket not waited for keeps its slot (and buffer) until `next_completion()` takes it"]
 pub struct Ticket {
     pub(super) owner: u32,
     pub(super) slot: u32,
     pub(super) generation: u32,
 }
 
-#[derive(Debug)]
+/// A work completion as the ring keeps it: plain values (a slot stays small, and a failure is
+/// built into an [`Error`] only when it is taken).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Outcome {
+    pub(super) status: WcStatus,
+    pub(super) vendor_err: u32,
+    pub(super) len: u32,
+    pub(super) imm: Option<u32>,
+}
+
+impl Outcome {
+    /// A successful completion of `len` bytes.
+    #[cfg(test)]
+    pub(super) fn ok(len: u32) -> Outcome {
+        Outcome {
+            status: WcStatus::Success,
+            vendor_err: 0,
+            len,
+            imm: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
 enum State {
     Free,
     /// Posted; the device may use the buffer.
@@ -39,13 +62,15 @@ enum State {
         detached: bool,
     },
     /// Completed, waiting to be taken.
-    Done(Result<Completed, Error>),
+    Done,
 }
 
 #[derive(Debug)]
 struct Slot<B> {
     generation: u32,
     state: State,
+    /// The completion, once `Done`.
+    outcome: Outcome,
     buf: Option<B>,
 }
 
@@ -64,6 +89,9 @@ pub(super) struct Ring<B> {
     recvs: u32,
     max_send: u32,
     max_recv: u32,
+    /// The first failure a completion reported (in completion order): a flushed request
+    /// reports it as its cause.
+    failure: Option<QpFailure>,
 }
 
 impl<B> Ring<B> {
@@ -77,6 +105,12 @@ impl<B> Ring<B> {
                 .map(|_| Slot {
                     generation: 0,
                     state: State::Free,
+                    outcome: Outcome {
+                        status: WcStatus::Success,
+                        vendor_err: 0,
+                        len: 0,
+                        imm: None,
+                    },
                     buf: None,
                 })
                 .collect(),
@@ -86,6 +120,7 @@ impl<B> Ring<B> {
             recvs: 0,
             max_send,
             max_recv,
+            failure: None,
         }
     }
 
@@ -163,7 +198,13 @@ impl<B> Ring<B> {
     /// Applies the completion of `wr_id`. Returns `false` if it names no posted request (which
     /// the queue pair's own completion queue cannot produce; it is ignored). A request whose
     /// taker is gone has its buffer dropped here and its slot freed.
-    pub(super) fn complete(&mut self, wr_id: u64, outcome: Result<Completed, Error>) -> bool {
+    pub(super) fn complete(&mut self, wr_id: u64, outcome: Outcome) -> bool {
+        if outcome.status != WcStatus::Success && outcome.status != WcStatus::WrFlushErr {
+            self.failure.get_or_insert(QpFailure::WorkCompletion {
+                status: outcome.status,
+                vendor_err: outcome.vendor_err,
+            });
+        }
         let (i, generation) = split(wr_id);
         let Some(slot) = self.slots.get_mut(i as usize) else {
             return false;
@@ -182,7 +223,8 @@ impl<B> Ring<B> {
             drop(buf);
             return true;
         }
-        slot.state = State::Done(outcome);
+        slot.state = State::Done;
+        slot.outcome = outcome;
         self.count_done(send);
         if self.ready.len() == self.ready.capacity() {
             // Entries of slots a ticket took meanwhile: at most one live entry per slot, and
@@ -194,17 +236,15 @@ impl<B> Ring<B> {
         true
     }
 
-    /// Takes the outcome of `ticket`'s request if it has completed; gives the ticket back if
-    /// not. A ticket of another queue pair, or one already taken, is an error.
-    pub(super) fn take(&mut self, ticket: Ticket) -> Result<Result<Taken<B>, Ticket>, Error> {
-        if !self.owns(&ticket) {
-            return Err(Error::InvalidArgument(InvalidArgument::ForeignTicket));
-        }
+    /// Takes the outcome of `ticket`'s request if it has completed. The ticket must be one
+    /// this ring [`owns`](Self::owns) (checked when the wait began).
+    #[inline]
+    pub(super) fn take(&mut self, ticket: &Ticket) -> Option<(Result<Completed, Error>, B)> {
+        debug_assert!(self.owns(ticket));
         if !is_done(&self.slots, ticket.slot, ticket.generation) {
-            return Ok(Err(ticket));
+            return None;
         }
-        let (res, buf) = self.free_done(ticket.slot);
-        Ok(Ok((ticket, res, buf)))
+        Some(self.free_done(ticket.slot))
     }
 
     /// Takes the oldest completed request not taken yet.
@@ -225,11 +265,30 @@ impl<B> Ring<B> {
 
     fn free_done(&mut self, i: u32) -> (Result<Completed, Error>, B) {
         let slot = &mut self.slots[i as usize];
-        let State::Done(res) = std::mem::replace(&mut slot.state, State::Free) else {
-            unreachable!("checked done");
-        };
+        debug_assert!(matches!(slot.state, State::Done));
+        slot.state = State::Free;
+        let o = slot.outcome;
+        let buf = slot.buf.take().expect("a done slot holds its buffer");
         self.free.push(i);
-        (res, slot.buf.take().expect("a done slot holds its buffer"))
+        (self.result(o), buf)
+    }
+
+    /// The outcome a taker gets: success with its length and immediate, or the failure; a
+    /// flush reports the failure that moved the queue pair to the error state, if one was seen.
+    fn result(&self, o: Outcome) -> Result<Completed, Error> {
+        match o.status {
+            WcStatus::Success => Ok(Completed {
+                len: o.len as usize,
+                imm: o.imm,
+            }),
+            WcStatus::WrFlushErr => Err(Error::QpFailed(
+                self.failure.clone().unwrap_or(QpFailure::Flushed),
+            )),
+            status => Err(Error::QpFailed(QpFailure::WorkCompletion {
+                status,
+                vendor_err: o.vendor_err,
+            })),
+        }
     }
 
     /// The taker of `ticket` is gone: a completed request's buffer is dropped now, a posted
@@ -243,7 +302,7 @@ impl<B> Ring<B> {
         }
         match &mut slot.state {
             State::Posted { detached, .. } => *detached = true,
-            State::Done(_) => {
+            State::Done => {
                 drop(self.free_done(ticket.slot));
             }
             State::Free => {}
@@ -288,7 +347,7 @@ impl<B> Ring<B> {
     pub(super) fn release_settled(&mut self) -> Vec<B> {
         let mut out = Vec::new();
         for (i, slot) in self.slots.iter_mut().enumerate() {
-            if matches!(slot.state, State::Done(_)) {
+            if matches!(slot.state, State::Done) {
                 slot.state = State::Free;
                 self.free.push(i as u32);
                 out.extend(slot.buf.take());
@@ -302,7 +361,7 @@ impl<B> Ring<B> {
 fn is_done<B>(slots: &[Slot<B>], i: u32, generation: u32) -> bool {
     slots
         .get(i as usize)
-        .is_some_and(|s| s.generation == generation && matches!(s.state, State::Done(_)))
+        .is_some_and(|s| s.generation == generation && matches!(s.state, State::Done))
 }
 
 fn wr_id(slot: u32, generation: u32) -> u64 {

@@ -12,10 +12,10 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tracing::{trace, warn};
 
-use super::ring::{Completed, Ring};
+use super::ring::{Outcome, Ring};
 use crate::driver::CompletionMode;
-use crate::error::{Error, QpFailure, Result, WcStatus};
-use crate::verbs::{CompletionChannel, CompletionQueue, WcBatch, WorkCompletion};
+use crate::error::{Error, Result};
+use crate::verbs::{CompletionChannel, CompletionQueue, WcBatch};
 
 /// Busy and adaptive modes: CQ polls in place per poll of the future, before it yields to the
 /// runtime (wakes itself and returns `Pending`), so that other tasks, the reactor and the
@@ -51,8 +51,6 @@ pub(super) struct CqWait {
     /// Adaptive mode: when the current wait started spinning.
     spin_since: Option<Instant>,
     batch: WcBatch,
-    /// The first failure a completion reported: flushed requests after it report it too.
-    failure: Option<QpFailure>,
 }
 
 impl CqWait {
@@ -79,13 +77,12 @@ impl CqWait {
             no_reactor: false,
             spin_since: None,
             batch: WcBatch::with_capacity(BATCH),
-            failure: None,
         })
     }
 
     /// Polls one batch of completions into `ring`; returns how many were applied.
     pub(super) fn poll_once<B>(&mut self, ring: &mut Ring<B>) -> usize {
-        poll_into(&self.cq, &mut self.batch, &mut self.failure, ring)
+        poll_into(&self.cq, &mut self.batch, ring)
     }
 
     /// What a reaper of the dropped queue pair needs to poll its flushes (the reactor
@@ -94,7 +91,6 @@ impl CqWait {
         Flushes {
             cq: self.cq.clone(),
             batch: WcBatch::with_capacity(BATCH),
-            failure: self.failure.clone(),
         }
     }
 
@@ -188,22 +184,16 @@ impl CqWait {
 pub(super) struct Flushes {
     cq: CompletionQueue,
     batch: WcBatch,
-    failure: Option<QpFailure>,
 }
 
 impl Flushes {
     pub(super) fn poll<B>(&mut self, ring: &mut Ring<B>) -> usize {
-        poll_into(&self.cq, &mut self.batch, &mut self.failure, ring)
+        poll_into(&self.cq, &mut self.batch, ring)
     }
 }
 
 /// Polls one batch of `cq` into `ring`; returns how many completions were applied.
-fn poll_into<B>(
-    cq: &CompletionQueue,
-    batch: &mut WcBatch,
-    failure: &mut Option<QpFailure>,
-    ring: &mut Ring<B>,
-) -> usize {
+fn poll_into<B>(cq: &CompletionQueue, batch: &mut WcBatch, ring: &mut Ring<B>) -> usize {
     let wcs = match cq.poll_driven(batch) {
         Ok(wcs) => wcs,
         Err(e) => {
@@ -213,7 +203,12 @@ fn poll_into<B>(
         }
     };
     for wc in wcs {
-        let outcome = outcome(wc, failure);
+        let outcome = Outcome {
+            status: wc.status(),
+            vendor_err: wc.vendor_err(),
+            len: wc.byte_len(),
+            imm: wc.imm(),
+        };
         if !ring.complete(wc.wr_id(), outcome) {
             // Cannot happen: only this queue pair posts to the CQ, with ring ids.
             warn!(
@@ -223,26 +218,4 @@ fn poll_into<B>(
         }
     }
     wcs.len()
-}
-
-/// A completion's outcome: success with its length and immediate, or the failure. A flush
-/// reports the failure that moved the queue pair to the error state, if one was seen.
-fn outcome(wc: &WorkCompletion, failure: &mut Option<QpFailure>) -> Result<Completed> {
-    if wc.is_success() {
-        return Ok(Completed {
-            len: wc.byte_len() as usize,
-            imm: wc.imm(),
-        });
-    }
-    if wc.status() == WcStatus::WrFlushErr {
-        return Err(Error::QpFailed(
-            failure.clone().unwrap_or(QpFailure::Flushed),
-        ));
-    }
-    let f = QpFailure::WorkCompletion {
-        status: wc.status(),
-        vendor_err: wc.vendor_err(),
-    };
-    failure.get_or_insert_with(|| f.clone());
-    Err(Error::QpFailed(f))
 }

@@ -4,8 +4,8 @@ use std::rc::Rc;
 
 use super::*;
 
-fn ok(len: usize) -> Result<Completed, Error> {
-    Ok(Completed { len, imm: None })
+fn ok(len: usize) -> Outcome {
+    Outcome::ok(len as u32)
 }
 
 #[test]
@@ -15,12 +15,13 @@ fn a_completion_reaches_the_request_it_names_and_gives_its_buffer_back() {
     let (id_b, b) = r.post(false, "b").unwrap();
     assert_eq!(r.in_flight(), 2);
     assert!(r.complete(id_b, ok(5)));
-    // `a` has not completed: its ticket comes back.
-    let a = r.take(a).unwrap().unwrap_err();
-    let (_, res, buf) = r.take(b).unwrap().unwrap();
+    // `a` has not completed.
+    assert!(r.take(&a).is_none());
+    let (res, buf) = r.take(&b).unwrap();
     assert_eq!((res.unwrap().len, buf), (5, "b"));
+    assert!(!r.owns(&b), "taken");
     assert!(r.complete(id_a, ok(0)));
-    let (_, res, buf) = r.take(a).unwrap().unwrap();
+    let (res, buf) = r.take(&a).unwrap();
     assert_eq!((res.unwrap().len, buf), (0, "a"));
     assert_eq!(r.in_flight(), 0);
     // Taken: the id names nothing any more (a completion for it is ignored).
@@ -72,16 +73,47 @@ fn a_ticket_of_another_queue_pair_or_a_stale_one_is_refused() {
     let (_ib, _tb) = b.post(true, 2).unwrap();
     assert!(a.complete(ia, ok(0)));
     // Same slot and generation, other owner.
-    let e = b.take(ta).unwrap_err();
-    assert!(matches!(
-        e,
-        Error::InvalidArgument(InvalidArgument::ForeignTicket)
-    ));
-    // A forged ticket naming a slot that was reused since.
+    assert!(a.owns(&ta));
+    assert!(!b.owns(&ta));
+    // A ticket naming a slot that was reused since.
     let (t, _, _) = a.take_next().unwrap();
     let (_, _t2) = a.post(true, 3).unwrap();
     // `t` named slot 0 at its first use; the slot is reused with another generation.
-    assert!(a.take(t).is_err());
+    assert!(!a.owns(&t));
+}
+
+/// A failure is reported as itself; the requests flushed after it report it as their cause,
+/// and a flush with no failure before it is `Flushed`.
+#[test]
+fn flushed_requests_report_the_failure_that_moved_the_queue_pair_to_error() {
+    let fail = |status| Outcome {
+        status,
+        vendor_err: 7,
+        len: 0,
+        imm: None,
+    };
+    let mut r: Ring<u8> = Ring::new(1, 4, 4);
+    let (i0, t0) = r.post(false, 0).unwrap();
+    assert!(r.complete(i0, fail(WcStatus::WrFlushErr)));
+    let (res, _) = r.take(&t0).unwrap();
+    assert!(
+        matches!(res, Err(Error::QpFailed(QpFailure::Flushed))),
+        "{res:?}"
+    );
+    let (i1, t1) = r.post(true, 1).unwrap();
+    let (i2, t2) = r.post(true, 2).unwrap();
+    assert!(r.complete(i1, fail(WcStatus::RemAccessErr)));
+    assert!(r.complete(i2, fail(WcStatus::WrFlushErr)));
+    let cause = QpFailure::WorkCompletion {
+        status: WcStatus::RemAccessErr,
+        vendor_err: 7,
+    };
+    for t in [t1, t2] {
+        match r.take(&t).unwrap().0 {
+            Err(Error::QpFailed(f)) => assert_eq!(f, cause),
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 #[test]
@@ -168,7 +200,7 @@ fn randomized_interleavings_never_misroute_or_lose_a_buffer() {
                 3 if !tickets.is_empty() => {
                     let k = (next() as usize) % tickets.len();
                     let (t, s) = tickets.swap_remove(k);
-                    let (_, res, buf) = r.take(t).unwrap().unwrap();
+                    let (res, buf) = r.take(&t).unwrap();
                     assert_eq!(buf, s, "seed {seed}: a ticket got another request's buffer");
                     assert_eq!(res.unwrap().len, outcome[&s]);
                     back += 1;
