@@ -15,6 +15,13 @@ pub trait SgSource: sealed::Sealed + Send + 'static {
     /// Appends one entry per non-empty buffer covering its initialised bytes.
     #[doc(hidden)]
     fn source_segments(&self, out: &mut SgList) -> Result<()>;
+    /// A single buffer's entry (`None` inside: empty) without building a list; `None` for a
+    /// list of buffers.
+    #[doc(hidden)]
+    #[inline]
+    fn source_single(&self) -> Option<Result<Option<Sge>>> {
+        None
+    }
 }
 
 /// Local memory an operation writes into (receives, RDMA READ): any [`IoBufMut`], or a
@@ -23,6 +30,13 @@ pub trait SgTarget: sealed::Sealed + Send + 'static {
     /// Appends one entry per non-empty buffer covering its whole capacity.
     #[doc(hidden)]
     fn target_segments(&mut self, out: &mut SgList) -> Result<()>;
+    /// A single buffer's entry (`None` inside: empty) without building a list; `None` for a
+    /// list of buffers.
+    #[doc(hidden)]
+    #[inline]
+    fn target_single(&mut self) -> Option<Result<Option<Sge>>> {
+        None
+    }
     /// Records that the first `n` bytes (across the list, in order) were written.
     #[doc(hidden)]
     fn set_filled(&mut self, n: usize);
@@ -65,6 +79,11 @@ impl<B: IoBuf> SgSource for B {
         }
         Ok(())
     }
+
+    #[inline]
+    fn source_single(&self) -> Option<Result<Option<Sge>>> {
+        Some(sge(self.stable_ptr(), self.bytes_init(), self.lkey()))
+    }
 }
 
 impl<B: IoBufMut> SgTarget for B {
@@ -73,6 +92,11 @@ impl<B: IoBufMut> SgTarget for B {
             out.push(s);
         }
         Ok(())
+    }
+
+    #[inline]
+    fn target_single(&mut self) -> Option<Result<Option<Sge>>> {
+        Some(sge(self.stable_mut_ptr(), self.bytes_total(), self.lkey()))
     }
 
     fn set_filled(&mut self, n: usize) {

@@ -36,7 +36,7 @@ impl<B: IoBufMut> OwnedQp<B> {
             rkey,
             add,
         }) {
-            Ok(wr) => self.post_send_wr(buf, wr.op, &wr.sges, false),
+            Ok(wr) => self.post_send_wr(buf, wr.op, wr.sges.as_slice(), false),
             Err(e) => Err((e, buf)),
         }
     }
@@ -61,7 +61,7 @@ impl<B: IoBufMut> OwnedQp<B> {
             compare,
             swap,
         }) {
-            Ok(wr) => self.post_send_wr(buf, wr.op, &wr.sges, false),
+            Ok(wr) => self.post_send_wr(buf, wr.op, wr.sges.as_slice(), false),
             Err(e) => Err((e, buf)),
         }
     }

@@ -61,7 +61,7 @@ use crate::driver::{CompletionMode, off_runtime};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::ops::{SgSource, SgTarget};
 use crate::proto::SgList;
-use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr};
+use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, Sge};
 
 /// The deepest queue an owned queue pair accepts (each side): its ring has a slot per request
 /// and the CQ an entry, allocated up front.
@@ -249,14 +249,14 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
             Ok(s) => s,
             Err(e) => return Err((e, buf)),
         };
-        let op = match remote.check(0, sges.total_len()) {
+        let op = match remote.check(0, total_len(sges.as_slice())) {
             Ok(remote_addr) => SendOp::Read {
                 remote_addr,
                 rkey: remote.rkey(),
             },
             Err(e) => return Err((e, buf)),
         };
-        self.post_send_wr(buf, op, &sges, false)
+        self.post_send_wr(buf, op, sges.as_slice(), false)
     }
 
     /// Posts a receive into `buf` (its whole capacity); the outcome's `len` is what arrived,
@@ -287,31 +287,28 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         buf: B,
         op: impl FnOnce(u64) -> Result<SendOp>,
     ) -> Result<Ticket, (Error, B)> {
-        let mut sges = SgList::new();
-        if let Err(e) = buf.source_segments(&mut sges) {
-            return Err((e, buf));
-        }
-        if let Err(e) = check_sges(sges.len(), self.caps.max_send_sge) {
-            return Err((e, buf));
-        }
-        let total = sges.total_len();
+        let sges = match source_sges(&buf, self.caps.max_send_sge) {
+            Ok(s) => s,
+            Err(e) => return Err((e, buf)),
+        };
+        let total = total_len(sges.as_slice());
         let op = match op(total) {
             Ok(op) => op,
             Err(e) => return Err((e, buf)),
         };
         let inline = self.inline && total > 0 && total <= u64::from(self.caps.max_inline_data);
-        self.post_send_wr(buf, op, &sges, inline)
+        self.post_send_wr(buf, op, sges.as_slice(), inline)
     }
 
     fn post_send_wr(
         &mut self,
         buf: B,
         op: SendOp,
-        sges: &SgList,
+        sges: &[Sge],
         inline: bool,
     ) -> Result<Ticket, (Error, B)> {
         let (wr_id, ticket) = self.ring.post(true, buf)?;
-        let wr = SendWr::new(wr_id, op, sges.as_slice()).inline(inline);
+        let wr = SendWr::new(wr_id, op, sges).inline(inline);
         // SAFETY: as in `post_recv`: the ring owns the buffer the SGEs name until the
         // request's completion (every request is signaled) is polled from this CQ.
         match unsafe { self.qp.post_send(&[wr]) } {
@@ -456,10 +453,53 @@ impl<B: SgSource + SgTarget> std::fmt::Debug for Next<'_, B> {
     }
 }
 
-fn target_sges<T: SgTarget>(buf: &mut T, max: u32) -> Result<SgList> {
-    let mut sges = SgList::new();
-    buf.target_segments(&mut sges)?;
-    check_sges(sges.len(), max)?;
+/// A request's scatter/gather entries: a single buffer's without building a list (the
+/// common case), a list's in an [`SgList`].
+enum Sges {
+    One(Option<Sge>),
+    List(SgList),
+}
+
+impl Sges {
+    #[inline]
+    fn as_slice(&self) -> &[Sge] {
+        match self {
+            Sges::One(s) => s.as_slice(),
+            Sges::List(l) => l.as_slice(),
+        }
+    }
+}
+
+#[inline]
+fn total_len(sges: &[Sge]) -> u64 {
+    sges.iter().map(|s| u64::from(s.length())).sum()
+}
+
+#[inline]
+fn source_sges<S: SgSource>(buf: &S, max: u32) -> Result<Sges> {
+    let sges = match buf.source_single() {
+        Some(one) => Sges::One(one?),
+        None => {
+            let mut l = SgList::new();
+            buf.source_segments(&mut l)?;
+            Sges::List(l)
+        }
+    };
+    check_sges(sges.as_slice().len(), max)?;
+    Ok(sges)
+}
+
+#[inline]
+fn target_sges<T: SgTarget>(buf: &mut T, max: u32) -> Result<Sges> {
+    let sges = match buf.target_single() {
+        Some(one) => Sges::One(one?),
+        None => {
+            let mut l = SgList::new();
+            buf.target_segments(&mut l)?;
+            Sges::List(l)
+        }
+    };
+    check_sges(sges.as_slice().len(), max)?;
     Ok(sges)
 }
 

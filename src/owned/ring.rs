@@ -7,8 +7,6 @@
 //! completion in the queue pair's own completion queue names a slot that is still waiting for
 //! it, and no completion can reach another request's buffer.
 
-use std::collections::VecDeque;
-
 use crate::error::{Error, InvalidArgument, QpFailure, WcStatus};
 
 /// What a successful work completion reports.
@@ -71,8 +69,14 @@ struct Slot<B> {
     state: State,
     /// The completion, once `Done`.
     outcome: Outcome,
+    /// Neighbours in the ring's list of completed slots, once `Done` ([`NONE`] at an end).
+    prev: u32,
+    next: u32,
     buf: Option<B>,
 }
+
+/// No slot: the end of the list of completed slots.
+const NONE: u32 = u32::MAX;
 
 /// The outcome a taker gets, and the buffer.
 pub(super) type Taken<B> = (Ticket, Result<Completed, Error>, B);
@@ -82,9 +86,10 @@ pub(super) struct Ring<B> {
     owner: u32,
     slots: Vec<Slot<B>>,
     free: Vec<u32>,
-    /// Completed slots in completion order, as `(slot, generation)`; entries whose slot was
-    /// taken by a ticket since are skipped (and compacted away before the deque would grow).
-    ready: VecDeque<(u32, u32)>,
+    /// The completed slots not taken yet, in completion order: a list linked through the
+    /// slots (`prev`, `next`), so a take by ticket unlinks its slot in O(1) and nothing grows.
+    head: u32,
+    tail: u32,
     sends: u32,
     recvs: u32,
     max_send: u32,
@@ -111,11 +116,14 @@ impl<B> Ring<B> {
                         len: 0,
                         imm: None,
                     },
+                    prev: NONE,
+                    next: NONE,
                     buf: None,
                 })
                 .collect(),
             free: (0..n as u32).rev().collect(),
-            ready: VecDeque::with_capacity(n),
+            head: NONE,
+            tail: NONE,
             sends: 0,
             recvs: 0,
             max_send,
@@ -225,14 +233,14 @@ impl<B> Ring<B> {
         }
         slot.state = State::Done;
         slot.outcome = outcome;
-        self.count_done(send);
-        if self.ready.len() == self.ready.capacity() {
-            // Entries of slots a ticket took meanwhile: at most one live entry per slot, and
-            // this slot's is not in yet, so compacting always leaves room.
-            let slots = &self.slots;
-            self.ready.retain(|&(i, g)| is_done(slots, i, g));
+        slot.prev = self.tail;
+        slot.next = NONE;
+        match self.tail {
+            NONE => self.head = i,
+            t => self.slots[t as usize].next = i,
         }
-        self.ready.push_back((i, generation));
+        self.tail = i;
+        self.count_done(send);
         true
     }
 
@@ -249,26 +257,34 @@ impl<B> Ring<B> {
 
     /// Takes the oldest completed request not taken yet.
     pub(super) fn take_next(&mut self) -> Option<Taken<B>> {
-        while let Some((i, generation)) = self.ready.pop_front() {
-            if is_done(&self.slots, i, generation) {
-                let (res, buf) = self.free_done(i);
-                let ticket = Ticket {
-                    owner: self.owner,
-                    slot: i,
-                    generation,
-                };
-                return Some((ticket, res, buf));
-            }
+        let i = self.head;
+        if i == NONE {
+            return None;
         }
-        None
+        let ticket = Ticket {
+            owner: self.owner,
+            slot: i,
+            generation: self.slots[i as usize].generation,
+        };
+        let (res, buf) = self.free_done(i);
+        Some((ticket, res, buf))
     }
 
     fn free_done(&mut self, i: u32) -> (Result<Completed, Error>, B) {
         let slot = &mut self.slots[i as usize];
         debug_assert!(matches!(slot.state, State::Done));
         slot.state = State::Free;
+        let (prev, next) = (slot.prev, slot.next);
         let o = slot.outcome;
         let buf = slot.buf.take().expect("a done slot holds its buffer");
+        match prev {
+            NONE => self.head = next,
+            p => self.slots[p as usize].next = next,
+        }
+        match next {
+            NONE => self.tail = prev,
+            n => self.slots[n as usize].prev = prev,
+        }
         self.free.push(i);
         (self.result(o), buf)
     }
@@ -353,7 +369,8 @@ impl<B> Ring<B> {
                 out.extend(slot.buf.take());
             }
         }
-        self.ready.clear();
+        self.head = NONE;
+        self.tail = NONE;
         out
     }
 }

@@ -154,21 +154,18 @@ impl CqWait {
                     return Poll::Pending;
                 }
             };
-            loop {
-                match self.cq.get_event_driven() {
-                    Ok(true) => self.armed = false,
-                    Ok(false) => {
-                        guard.clear_ready();
-                        break;
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "reading a CQ event failed");
-                        guard.clear_ready();
-                        self.armed = false;
-                        break;
-                    }
+            // At most one event is pending: the CQ is armed again only after the event of its
+            // last arm was read. So one read clears the readiness (no second read to see
+            // EAGAIN), and a later event, of a later arm, raises it anew.
+            match self.cq.get_event_driven() {
+                Ok(true) => self.armed = false,
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(error = %e, "reading a CQ event failed");
+                    self.armed = false;
                 }
             }
+            guard.clear_ready();
             if self.cq.unacked_events() >= ACK_BATCH {
                 self.cq.ack_events();
             }
