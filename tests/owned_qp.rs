@@ -374,3 +374,34 @@ async fn scatter_gather_lists_send_and_receive_in_order() {
     let got: Vec<u8> = rx.0.iter().flat_map(|b| b.to_vec()).collect();
     assert!(got[..3101] == parts.concat()[..], "the bytes, in order");
 }
+
+/// A queue pair created on a runtime that is gone by the time it is used (its channel was
+/// registered with that runtime's reactor): an event-mode wait cannot sleep there any more,
+/// and polls instead of hanging.
+#[test]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+fn a_queue_pair_outliving_its_runtime_still_completes() {
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Pair { pd, mut a, b } = first.block_on(async { pair(CompletionMode::Event) });
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let target = RegisteredBuffer::new(&pd, 64, all_access()).unwrap();
+        let src = reg_with(&pd, &[9; 64], AccessFlags::LOCAL_WRITE);
+        let (res, _) = within(
+            30,
+            "write after the runtime's end",
+            a.write(src, token(&target)),
+        )
+        .await;
+        res.unwrap();
+        assert_eq!(target.to_vec(), vec![9; 64]);
+    });
+    drop((a, b));
+}

@@ -11,7 +11,10 @@ use std::time::Duration;
 use common::{all_access, async_pair, connect_qps, reg_with, within};
 use tokio_rdma::buf::{Grant, GrantKind, Pool, PoolConfig, RemoteAccess, SizeClass};
 use tokio_rdma::driver::QpOptions;
-use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer, WcBatch};
+use tokio_rdma::owned::{OwnedQp, OwnedQpOptions};
+use tokio_rdma::verbs::{
+    AccessFlags, CompletionQueue, QpInitAttr, QueuePair, RegisteredBuffer, WcBatch,
+};
 use tokio_rdma::{Error, QpFailure};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,6 +46,30 @@ async fn a_driven_completion_queue_refuses_polls_and_events_from_outside() {
     assert_eq!(&rx.to_vec()[..12], b"still driven");
     let own = tokio_rdma::verbs::CompletionQueue::new(&p.ctx, 16, None).unwrap();
     assert!(own.poll(&mut batch).unwrap().is_empty());
+}
+
+/// A queue pair of one's own on a driver's CQ (or an `OwnedQp`'s), reachable through
+/// `verbs().send_cq()`, is refused. Before: `QueuePair::new_rc` accepted it, and a
+/// memory-window bind posted there with a chosen `wr_id` (safe: `Grant::window` on that
+/// queue pair) completed another request of the driver's table, giving its buffer back while
+/// the device could still write it (found by helper-20 for `OwnedQp`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn no_queue_pair_of_ones_own_is_created_on_a_driven_completion_queue() {
+    let p = async_pair();
+    let cq = p.a.verbs().send_cq();
+    let err = QueuePair::new_rc(&p.pd, &QpInitAttr::new(cq, cq)).unwrap_err();
+    assert!(matches!(err, Error::DriverOwned(_)), "{err}");
+    let own = CompletionQueue::new(&p.ctx, 16, None).unwrap();
+    let err = QueuePair::new_rc(&p.pd, &QpInitAttr::new(&own, cq)).unwrap_err();
+    assert!(matches!(err, Error::DriverOwned(_)), "{err}");
+    let owned: OwnedQp<RegisteredBuffer> = OwnedQp::new(&p.pd, OwnedQpOptions::default()).unwrap();
+    let cq = owned.verbs().send_cq();
+    let err = QueuePair::new_rc(&p.pd, &QpInitAttr::new(cq, cq)).unwrap_err();
+    assert!(matches!(err, Error::DriverOwned(_)), "{err}");
+    println!("a queue pair on a driven CQ: {err}");
+    // A CQ of one's own still takes queue pairs.
+    assert!(QueuePair::new_rc(&p.pd, &QpInitAttr::new(&own, &own)).is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,7 +45,7 @@ impl AsyncQp {
         let mut attr = QpInitAttr::new(&cq, &cq);
         attr.caps = opts.caps;
         attr.srq = srq.cloned();
-        let qp = QueuePair::new_rc(pd, &attr)?;
+        let qp = QueuePair::new_rc_driven(pd, &attr)?;
         qp.set_driven();
         let caps: QpCaps = qp.caps();
         let mut wake = Deferred::default();

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use super::ring::Kind;
 use super::{OwnedQp, Ticket, Wait};
 use crate::buf::{IoBufMut, RemoteToken};
 use crate::error::{Error, Result};
@@ -36,7 +37,7 @@ impl<B: IoBufMut> OwnedQp<B> {
             rkey,
             add,
         }) {
-            Ok(wr) => self.post_send_wr(buf, wr.op, wr.sges.as_slice(), false),
+            Ok(wr) => self.post_send_wr(buf, Kind::Atomic, wr.op, wr.sges.as_slice(), false),
             Err(e) => Err((e, buf)),
         }
     }
@@ -61,7 +62,7 @@ impl<B: IoBufMut> OwnedQp<B> {
             compare,
             swap,
         }) {
-            Ok(wr) => self.post_send_wr(buf, wr.op, wr.sges.as_slice(), false),
+            Ok(wr) => self.post_send_wr(buf, Kind::Atomic, wr.op, wr.sges.as_slice(), false),
             Err(e) => Err((e, buf)),
         }
     }

@@ -24,16 +24,21 @@
 //! # Examples
 //!
 //! ```no_run
-//! use tokio_rdma::buf::{IoBuf, RemoteToken};
+//! use tokio_rdma::buf::RemoteToken;
 //! use tokio_rdma::owned::{OwnedQp, OwnedQpOptions};
-//! use tokio_rdma::verbs::{AccessFlags, Context, ProtectionDomain, RegisteredBuffer};
+//! use tokio_rdma::verbs::{
+//!     AccessFlags, Context, ProtectionDomain, RegisteredBuffer, RtrOptions, RtsOptions,
+//! };
 //!
 //! # async fn demo(peer: tokio_rdma::verbs::QpAddress, remote: RemoteToken) -> tokio_rdma::Result<()> {
 //! let (ctx, port) = Context::open_first_active()?;
 //! let pd = ProtectionDomain::new(&ctx)?;
 //! let mut qp: OwnedQp<RegisteredBuffer> = OwnedQp::new(&pd, OwnedQpOptions::default())?;
-//! // Exchange `qp.verbs().local_address(port, None)?` with the peer, then:
-//! qp.verbs().connect(port, &peer, AccessFlags::LOCAL_WRITE, Default::default(), Default::default())?;
+//! let gid = ctx.preferred_gid(port)?;
+//! let me = qp.verbs().local_address(port, Some(gid.index))?;
+//! // Exchange `me.to_bytes()` with the peer's address (`peer`), then:
+//! let rtr = RtrOptions::new(port, gid.index as u8);
+//! qp.verbs().connect(&me, &peer, &rtr, &RtsOptions::default(), AccessFlags::LOCAL_WRITE)?;
 //! let buf = RegisteredBuffer::new(&pd, 4096, AccessFlags::LOCAL_WRITE)?;
 //! let (res, buf) = qp.write(buf, remote).await;
 //! res?;
@@ -53,8 +58,8 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
 pub use self::atomic::AtomicWait;
-use self::ring::Ring;
 pub use self::ring::{Completed, Ticket};
+use self::ring::{Kind, Ring};
 use self::wait::{CqWait, Flushes};
 use crate::buf::RemoteToken;
 use crate::driver::{CompletionMode, off_runtime};
@@ -118,7 +123,10 @@ impl Default for OwnedQpOptions {
 /// the [module](self) docs). Every request is posted at once by a `&mut self` method, and its
 /// buffer `B` comes back with its outcome.
 ///
-/// Must be created inside a Tokio runtime; its waits sleep in that runtime's reactor.
+/// Must be created inside a Tokio runtime; its waits sleep in that runtime's reactor. Moved to
+/// another runtime, its waits are woken only while the first one's reactor runs (a
+/// current-thread runtime runs it only inside `block_on`); once that runtime is shut down,
+/// they poll and yield instead of sleeping (`tests/owned_qp.rs`).
 pub struct OwnedQp<B: SgSource + SgTarget> {
     /// Taken only by `drop`, which destroys it off the runtime's workers.
     qp: ManuallyDrop<QueuePair>,
@@ -137,6 +145,11 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     /// [`InvalidArgument::QueueDepthOutOfRange`] for a queue deeper than
     /// [`MAX_QUEUE_DEPTH`]; [`InvalidArgument::OwnedQpWithoutRuntime`] outside a Tokio
     /// runtime; the verbs' errors creating the channel, CQ and queue pair.
+    ///
+    /// # Panics
+    ///
+    /// Inside a Tokio runtime built without its IO driver (`enable_io`), as Tokio's own
+    /// sockets do: the completion channel is registered with it.
     pub fn new(pd: &ProtectionDomain, opts: OwnedQpOptions) -> Result<OwnedQp<B>> {
         let (send, recv) = (opts.caps.max_send_wr, opts.caps.max_recv_wr);
         if send > MAX_QUEUE_DEPTH || recv > MAX_QUEUE_DEPTH || send + recv == 0 {
@@ -157,16 +170,15 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         let cq = CqWait::new(pd.context(), send + recv, opts.mode)?;
         let mut attr = QpInitAttr::new(&cq.cq, &cq.cq);
         attr.caps = opts.caps;
-        let qp = QueuePair::new_rc(pd, &attr)?;
+        // The CQ is driven (this queue pair's only): the one queue pair allowed on it.
+        let qp = QueuePair::new_rc_driven(pd, &attr)?;
         qp.set_driven();
+        let mut cq = cq;
+        cq.set_qpn(qp.qpn());
         let caps = qp.caps();
         debug!(qpn = qp.qpn(), ?caps, mode = ?opts.mode, "owned queue pair created");
         Ok(OwnedQp {
-            ring: Ring::new(
-                qp.qpn(),
-                send.min(caps.max_send_wr),
-                recv.min(caps.max_recv_wr),
-            ),
+            ring: Ring::new(send.min(caps.max_send_wr), recv.min(caps.max_recv_wr)),
             qp: ManuallyDrop::new(qp),
             cq,
             caps,
@@ -256,7 +268,8 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
             },
             Err(e) => return Err((e, buf)),
         };
-        self.post_send_wr(buf, op, sges.as_slice(), false)
+        let len = u32::try_from(total_len(sges.as_slice())).unwrap_or(u32::MAX);
+        self.post_send_wr(buf, Kind::Read(len), op, sges.as_slice(), false)
     }
 
     /// Posts a receive into `buf` (its whole capacity); the outcome's `len` is what arrived,
@@ -271,7 +284,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
             Ok(s) => s,
             Err(e) => return Err((e, buf)),
         };
-        let (wr_id, ticket) = self.ring.post(false, buf)?;
+        let (wr_id, ticket) = self.ring.post(Kind::Recv, buf)?;
         // SAFETY: the ring's slot owns the buffer, whose memory the SGEs name, until this
         // request's completion is polled from this queue pair's CQ (or, if the queue pair is
         // dropped first, until its flush completion is, else it is leaked). The memory stays
@@ -297,17 +310,18 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
             Err(e) => return Err((e, buf)),
         };
         let inline = self.inline && total > 0 && total <= u64::from(self.caps.max_inline_data);
-        self.post_send_wr(buf, op, sges.as_slice(), inline)
+        self.post_send_wr(buf, Kind::Source, op, sges.as_slice(), inline)
     }
 
     fn post_send_wr(
         &mut self,
         buf: B,
+        kind: Kind,
         op: SendOp,
         sges: &[Sge],
         inline: bool,
     ) -> Result<Ticket, (Error, B)> {
-        let (wr_id, ticket) = self.ring.post(true, buf)?;
+        let (wr_id, ticket) = self.ring.post(kind, buf)?;
         let wr = SendWr::new(wr_id, op, sges).inline(inline);
         // SAFETY: as in `post_recv`: the ring owns the buffer the SGEs name until the
         // request's completion (every request is signaled) is polled from this CQ.
@@ -326,6 +340,27 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     /// [`InvalidArgument::ForeignTicket`] if `ticket` is not of this queue pair's (the future
     /// then never exists).
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::owned::OwnedQp;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
+    /// # async fn demo(
+    /// #     qp: &mut OwnedQp<RegisteredBuffer>,
+    /// #     a: RegisteredBuffer,
+    /// #     b: RegisteredBuffer,
+    /// # ) -> tokio_rdma::Result<()> {
+    /// // Two receives posted at once; each is waited for by its ticket, in any order.
+    /// let first = qp.post_recv(a).map_err(|(e, _buf)| e)?;
+    /// let second = qp.post_recv(b).map_err(|(e, _buf)| e)?;
+    /// let (res, b) = qp.wait(second)?.await;
+    /// let second_len = res?.len;
+    /// let (res, a) = qp.wait(first)?.await;
+    /// let first_len = res?.len;
+    /// # let _ = (a, b, first_len, second_len);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// Dropping the future before it resolves gives the request up: it stays posted, and its
@@ -342,7 +377,29 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     }
 
     /// Waits for the oldest completed request not taken yet; resolves to `None` at once if
-    /// nothing is completed or in flight.
+    /// nothing is completed or in flight. The ticket it resolves with equals the one the
+    /// request was posted with: that one is spent ([`wait`](Self::wait) refuses it).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::owned::OwnedQp;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
+    /// # async fn demo(
+    /// #     qp: &mut OwnedQp<RegisteredBuffer>,
+    /// #     bufs: Vec<RegisteredBuffer>,
+    /// # ) -> tokio_rdma::Result<()> {
+    /// for buf in bufs {
+    ///     // The tickets need not be kept: each completion is handed out in turn.
+    ///     let _ticket = qp.post_recv(buf).map_err(|(e, _buf)| e)?;
+    /// }
+    /// while let Some((_ticket, res, buf)) = qp.next_completion().await {
+    ///     let got = res?;
+    ///     let message = &buf.to_vec()[..got.len];
+    ///     # let _ = message;
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -527,6 +584,10 @@ enum State<B> {
 /// # Cancel safety
 ///
 /// See [`OwnedQp::wait`].
+///
+/// # Panics
+///
+/// If polled again after it resolved.
 #[must_use = "a dropped wait gives its request up"]
 pub struct Wait<'a, B: SgSource + SgTarget> {
     qp: &'a mut OwnedQp<B>,
@@ -550,9 +611,9 @@ impl<B: SgSource + SgTarget> Future for Wait<'_, B> {
                 _ => panic!("`Wait` polled after it resolved"),
             };
         };
-        let (res, mut buf) = ready!(this.qp.poll_until(cx, |ring| ring.take(ticket)));
+        let (res, mut buf, fills) = ready!(this.qp.poll_until(cx, |ring| ring.take(ticket)));
         this.state = State::Finished;
-        if let Ok(c) = &res {
+        if let (Ok(c), true) = (&res, fills) {
             buf.set_filled(c.len);
         }
         Poll::Ready((res, buf))
@@ -584,8 +645,8 @@ impl<B: SgSource + SgTarget> Future for Next<'_, B> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         this.qp.poll_until(cx, |ring| match ring.take_next() {
-            Some((t, res, mut buf)) => {
-                if let Ok(c) = &res {
+            Some((t, (res, mut buf, fills))) => {
+                if let (Ok(c), true) = (&res, fills) {
                     buf.set_filled(c.len);
                 }
                 Some(Some((t, res, buf)))
@@ -598,7 +659,9 @@ impl<B: SgSource + SgTarget> Future for Next<'_, B> {
 
 impl<B: SgSource + SgTarget> Drop for OwnedQp<B> {
     fn drop(&mut self) {
-        drop(self.ring.release_settled());
+        // The settled buffers are dropped last: a panicking `Drop` of one must not stop the
+        // requests in flight from being handed over (the ring's own drop leaks them anyway).
+        let settled = self.ring.release_settled();
         // SAFETY: `drop` runs once, and `self.qp` is not used after this (the other fields
         // drop without touching it).
         let qp = unsafe { ManuallyDrop::take(&mut self.qp) };
@@ -606,6 +669,7 @@ impl<B: SgSource + SgTarget> Drop for OwnedQp<B> {
             // Destroying the queue pair (and, with its last handle, the CQ) may block in the
             // kernel: not on a worker thread.
             off_runtime(move || drop(qp));
+            drop(settled);
             return;
         }
         // The device may still use the buffers of requests in flight: move the queue pair to
@@ -615,7 +679,7 @@ impl<B: SgSource + SgTarget> Drop for OwnedQp<B> {
             warn!(qpn = qp.qpn(), error = %e, "moving a dropped owned queue pair to the error state failed");
         }
         self.ring.detach_all();
-        let ring = std::mem::replace(&mut self.ring, Ring::new(qp.qpn(), 0, 0));
+        let ring = std::mem::replace(&mut self.ring, Ring::new(0, 0));
         let reap = Reap {
             ring,
             cq: self.cq.flushes(),
@@ -627,6 +691,7 @@ impl<B: SgSource + SgTarget> Drop for OwnedQp<B> {
             }
             Err(_) => reap.run_blocking(),
         }
+        drop(settled);
     }
 }
 

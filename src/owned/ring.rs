@@ -7,15 +7,40 @@
 //! completion in the queue pair's own completion queue names a slot that is still waiting for
 //! it, and no completion can reach another request's buffer.
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+
 use crate::error::{Error, InvalidArgument, QpFailure, WcStatus};
 
 /// What a successful work completion reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completed {
-    /// Bytes transferred: what a receive got, what an RDMA READ read (0 for sends and writes).
+    /// Bytes placed in the buffer: what a receive got (0 for a receive consumed by an RDMA
+    /// WRITE with immediate, whose data went to the write's target), what an RDMA READ read, 8
+    /// for an atomic; 0 for sends and writes.
     pub len: usize,
-    /// The immediate data of a receive, if the sender attached some.
+    /// The immediate data of a receive, if the sender attached some (`None` for every other
+    /// request).
     pub imm: Option<u32>,
+}
+
+/// What a slot's request is: which queue it is on, and what its completion puts in its buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// A send or an RDMA WRITE: the device reads the buffer; nothing is filled.
+    Source,
+    /// An RDMA READ of this many bytes into the buffer.
+    Read(u32),
+    /// An atomic: the previous value, 8 bytes.
+    Atomic,
+    /// A receive: what the completion reports.
+    Recv,
+}
+
+impl Kind {
+    fn send_queue(self) -> bool {
+        !matches!(self, Kind::Recv)
+    }
 }
 
 /// One posted work request: [`OwnedQp::wait`](super::OwnedQp::wait) takes its outcome and its
@@ -23,9 +48,9 @@ pub struct Completed {
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a ticket not waited for keeps its slot (and buffer) until `next_completion()` takes it"]
 pub struct Ticket {
-    pub(super) owner: u32,
+    pub(super) owner: u64,
     pub(super) slot: u32,
-    pub(super) generation: u32,
+    pub(super) generation: u64,
 }
 
 /// A work completion as the ring keeps it: plain values (a slot stays small, and a failure is
@@ -34,8 +59,11 @@ pub struct Ticket {
 pub(super) struct Outcome {
     pub(super) status: WcStatus,
     pub(super) vendor_err: u32,
+    /// The completion's byte count (only a receive's and a read's mean anything).
     pub(super) len: u32,
     pub(super) imm: Option<u32>,
+    /// A receive consumed by an RDMA WRITE with immediate: nothing was written to it.
+    pub(super) write_imm: bool,
 }
 
 impl Outcome {
@@ -47,6 +75,7 @@ impl Outcome {
             vendor_err: 0,
             len,
             imm: None,
+            write_imm: false,
         }
     }
 }
@@ -56,7 +85,6 @@ enum State {
     Free,
     /// Posted; the device may use the buffer.
     Posted {
-        send: bool,
         detached: bool,
     },
     /// Completed, waiting to be taken.
@@ -65,7 +93,10 @@ enum State {
 
 #[derive(Debug)]
 struct Slot<B> {
-    generation: u32,
+    /// 64 bits: a ticket kept past its request never names a later one (the `wr_id` carries
+    /// the low 32, enough there: a slot holds one posted request at a time).
+    generation: u64,
+    kind: Kind,
     state: State,
     /// The completion, once `Done`.
     outcome: Outcome,
@@ -78,12 +109,16 @@ struct Slot<B> {
 /// No slot: the end of the list of completed slots.
 const NONE: u32 = u32::MAX;
 
-/// The outcome a taker gets, and the buffer.
-pub(super) type Taken<B> = (Ticket, Result<Completed, Error>, B);
+/// What a taker gets: the outcome, the buffer, and whether the buffer was written (a receive,
+/// a read, an atomic: its initialised length is then the outcome's `len`).
+pub(super) type Taken<B> = (Result<Completed, Error>, B, bool);
 
 #[derive(Debug)]
 pub(super) struct Ring<B> {
-    owner: u32,
+    /// A random id (std's per-process random hash keys, different for each ring): a ticket of
+    /// another ring, live or dropped, is refused (queue pair numbers repeat across devices and
+    /// are reused within one).
+    owner: u64,
     slots: Vec<Slot<B>>,
     free: Vec<u32>,
     /// The completed slots not taken yet, in completion order: a list linked through the
@@ -97,24 +132,30 @@ pub(super) struct Ring<B> {
     /// The first failure a completion reported (in completion order): a flushed request
     /// reports it as its cause.
     failure: Option<QpFailure>,
+    /// Buffers of given-up requests whose completions were applied, dropped by
+    /// [`drop_released`](Self::drop_released) once the whole batch is (a panicking `Drop`
+    /// then loses no completion). Room for every slot: never grows.
+    released: Vec<B>,
 }
 
 impl<B> Ring<B> {
     /// Room for `max_send` and `max_recv` requests in flight; twice as many slots, so that
     /// completed requests waiting to be taken do not stop new posts at once.
-    pub(super) fn new(owner: u32, max_send: u32, max_recv: u32) -> Ring<B> {
+    pub(super) fn new(max_send: u32, max_recv: u32) -> Ring<B> {
         let n = 2 * (max_send as usize + max_recv as usize);
         Ring {
-            owner,
+            owner: RandomState::new().build_hasher().finish(),
             slots: (0..n)
                 .map(|_| Slot {
                     generation: 0,
+                    kind: Kind::Recv,
                     state: State::Free,
                     outcome: Outcome {
                         status: WcStatus::Success,
                         vendor_err: 0,
                         len: 0,
                         imm: None,
+                        write_imm: false,
                     },
                     prev: NONE,
                     next: NONE,
@@ -129,6 +170,7 @@ impl<B> Ring<B> {
             max_send,
             max_recv,
             failure: None,
+            released: Vec::with_capacity(n),
         }
     }
 
@@ -137,10 +179,11 @@ impl<B> Ring<B> {
         self.sends + self.recvs
     }
 
-    /// Takes a slot for a request on the send (`send`) or receive queue and gives it the
-    /// buffer. Returns the `wr_id` to post it with, or the error and the buffer if the queue
-    /// is full or every slot holds a completion not taken yet.
-    pub(super) fn post(&mut self, send: bool, buf: B) -> Result<(u64, Ticket), (Error, B)> {
+    /// Takes a slot for a request of `kind` and gives it the buffer. Returns the `wr_id` to
+    /// post it with, or the error and the buffer if its queue is full or every slot holds a
+    /// completion not taken yet.
+    pub(super) fn post(&mut self, kind: Kind, buf: B) -> Result<(u64, Ticket), (Error, B)> {
+        let send = kind.send_queue();
         let full = if send {
             (self.sends >= self.max_send).then_some(InvalidArgument::SendQueueFull {
                 depth: self.max_send,
@@ -161,11 +204,9 @@ impl<B> Ring<B> {
             ));
         };
         let slot = &mut self.slots[i as usize];
-        slot.generation = slot.generation.wrapping_add(1);
-        slot.state = State::Posted {
-            send,
-            detached: false,
-        };
+        slot.generation += 1;
+        slot.kind = kind;
+        slot.state = State::Posted { detached: false };
         slot.buf = Some(buf);
         if send {
             self.sends += 1;
@@ -185,9 +226,10 @@ impl<B> Ring<B> {
     pub(super) fn unpost(&mut self, ticket: Ticket) -> B {
         let slot = &mut self.slots[ticket.slot as usize];
         debug_assert_eq!(slot.generation, ticket.generation);
-        let State::Posted { send, .. } = slot.state else {
+        let State::Posted { .. } = slot.state else {
             unreachable!("unpost of a request that is not posted");
         };
+        let send = slot.kind.send_queue();
         self.count_done(send);
         let slot = &mut self.slots[ticket.slot as usize];
         slot.state = State::Free;
@@ -205,7 +247,8 @@ impl<B> Ring<B> {
 
     /// Applies the completion of `wr_id`. Returns `false` if it names no posted request (which
     /// the queue pair's own completion queue cannot produce; it is ignored). A request whose
-    /// taker is gone has its buffer dropped here and its slot freed.
+    /// taker is gone has its slot freed and its buffer put aside for
+    /// [`drop_released`](Self::drop_released).
     pub(super) fn complete(&mut self, wr_id: u64, outcome: Outcome) -> bool {
         if outcome.status != WcStatus::Success && outcome.status != WcStatus::WrFlushErr {
             self.failure.get_or_insert(QpFailure::WorkCompletion {
@@ -217,18 +260,19 @@ impl<B> Ring<B> {
         let Some(slot) = self.slots.get_mut(i as usize) else {
             return false;
         };
-        let State::Posted { send, detached } = slot.state else {
+        let State::Posted { detached } = slot.state else {
             return false;
         };
-        if slot.generation != generation {
+        if slot.generation as u32 != generation {
             return false;
         }
+        let send = slot.kind.send_queue();
         if detached {
             slot.state = State::Free;
             let buf = slot.buf.take();
             self.free.push(i);
             self.count_done(send);
-            drop(buf);
+            self.released.extend(buf);
             return true;
         }
         slot.state = State::Done;
@@ -247,7 +291,7 @@ impl<B> Ring<B> {
     /// Takes the outcome of `ticket`'s request if it has completed. The ticket must be one
     /// this ring [`owns`](Self::owns) (checked when the wait began).
     #[inline]
-    pub(super) fn take(&mut self, ticket: &Ticket) -> Option<(Result<Completed, Error>, B)> {
+    pub(super) fn take(&mut self, ticket: &Ticket) -> Option<Taken<B>> {
         debug_assert!(self.owns(ticket));
         if !is_done(&self.slots, ticket.slot, ticket.generation) {
             return None;
@@ -256,7 +300,7 @@ impl<B> Ring<B> {
     }
 
     /// Takes the oldest completed request not taken yet.
-    pub(super) fn take_next(&mut self) -> Option<Taken<B>> {
+    pub(super) fn take_next(&mut self) -> Option<(Ticket, Taken<B>)> {
         let i = self.head;
         if i == NONE {
             return None;
@@ -266,16 +310,23 @@ impl<B> Ring<B> {
             slot: i,
             generation: self.slots[i as usize].generation,
         };
-        let (res, buf) = self.free_done(i);
-        Some((ticket, res, buf))
+        Some((ticket, self.free_done(i)))
     }
 
-    fn free_done(&mut self, i: u32) -> (Result<Completed, Error>, B) {
+    /// Drops the buffers of given-up requests whose completions were applied (after a whole
+    /// batch: see [`complete`](Self::complete)).
+    pub(super) fn drop_released(&mut self) {
+        while let Some(b) = self.released.pop() {
+            drop(b);
+        }
+    }
+
+    fn free_done(&mut self, i: u32) -> Taken<B> {
         let slot = &mut self.slots[i as usize];
         debug_assert!(matches!(slot.state, State::Done));
         slot.state = State::Free;
         let (prev, next) = (slot.prev, slot.next);
-        let o = slot.outcome;
+        let (o, kind) = (slot.outcome, slot.kind);
         let buf = slot.buf.take().expect("a done slot holds its buffer");
         match prev {
             NONE => self.head = next,
@@ -286,16 +337,26 @@ impl<B> Ring<B> {
             n => self.slots[n as usize].prev = prev,
         }
         self.free.push(i);
-        (self.result(o), buf)
+        (self.result(o, kind), buf, kind != Kind::Source)
     }
 
-    /// The outcome a taker gets: success with its length and immediate, or the failure; a
-    /// flush reports the failure that moved the queue pair to the error state, if one was seen.
-    fn result(&self, o: Outcome) -> Result<Completed, Error> {
+    /// The outcome a taker gets: success with what its kind of request reports (the verbs
+    /// define a completion's byte count and immediate for receives only, and a provider may
+    /// leave them stale in others), or the failure; a flush reports the failure that moved the
+    /// queue pair to the error state, if one was seen.
+    fn result(&self, o: Outcome, kind: Kind) -> Result<Completed, Error> {
         match o.status {
-            WcStatus::Success => Ok(Completed {
-                len: o.len as usize,
-                imm: o.imm,
+            WcStatus::Success => Ok(match kind {
+                Kind::Source => Completed { len: 0, imm: None },
+                Kind::Read(len) => Completed {
+                    len: len as usize,
+                    imm: None,
+                },
+                Kind::Atomic => Completed { len: 8, imm: None },
+                Kind::Recv => Completed {
+                    len: if o.write_imm { 0 } else { o.len as usize },
+                    imm: o.imm,
+                },
             }),
             WcStatus::WrFlushErr => Err(Error::QpFailed(
                 self.failure.clone().unwrap_or(QpFailure::Flushed),
@@ -319,7 +380,8 @@ impl<B> Ring<B> {
         match &mut slot.state {
             State::Posted { detached, .. } => *detached = true,
             State::Done => {
-                drop(self.free_done(ticket.slot));
+                let (_, buf, _) = self.free_done(ticket.slot);
+                drop(buf);
             }
             State::Free => {}
         }
@@ -375,14 +437,24 @@ impl<B> Ring<B> {
     }
 }
 
-fn is_done<B>(slots: &[Slot<B>], i: u32, generation: u32) -> bool {
+impl<B> Drop for Ring<B> {
+    /// Buffers of requests still in flight are leaked, never freed: however the ring goes (a
+    /// panic unwinding through its queue pair's `drop`, a reaper cut short), the device may
+    /// still write them.
+    fn drop(&mut self) {
+        self.leak_in_flight();
+    }
+}
+
+fn is_done<B>(slots: &[Slot<B>], i: u32, generation: u64) -> bool {
     slots
         .get(i as usize)
         .is_some_and(|s| s.generation == generation && matches!(s.state, State::Done))
 }
 
-fn wr_id(slot: u32, generation: u32) -> u64 {
-    (u64::from(generation) << 32) | u64::from(slot)
+/// A request's `wr_id`: the slot and the low 32 bits of its generation.
+fn wr_id(slot: u32, generation: u64) -> u64 {
+    ((generation & 0xffff_ffff) << 32) | u64::from(slot)
 }
 
 fn split(wr_id: u64) -> (u32, u32) {

@@ -15,7 +15,7 @@ use tracing::{trace, warn};
 use super::ring::{Outcome, Ring};
 use crate::driver::CompletionMode;
 use crate::error::{Error, Result};
-use crate::verbs::{CompletionChannel, CompletionQueue, WcBatch};
+use crate::verbs::{CompletionChannel, CompletionQueue, WcBatch, WcOpcode};
 
 /// Busy and adaptive modes: CQ polls in place per poll of the future, before it yields to the
 /// runtime (wakes itself and returns `Pending`), so that other tasks, the reactor and the
@@ -45,6 +45,9 @@ pub(super) struct CqWait {
     mode: CompletionMode,
     /// The CQ is armed: its next completion raises an event.
     armed: bool,
+    /// The queue pair whose completions these are (set once it exists): a completion of any
+    /// other is ignored.
+    qpn: u32,
     /// The reactor that registered the channel is gone (its runtime shut down): sleeping is
     /// impossible, every wait polls and yields instead.
     no_reactor: bool,
@@ -63,6 +66,8 @@ impl CqWait {
     ) -> Result<CqWait> {
         let channel = CompletionChannel::new(ctx)?;
         let cq = CompletionQueue::new(ctx, cqe, Some(&channel))?;
+        // Polled and armed only here from now on, and no queue pair but this one's may be
+        // created on it (`QueuePair::new_rc` refuses a driven CQ).
         cq.set_driven();
         // SAFETY: `ChannelFd` owns a handle of the channel, so the descriptor stays open and
         // the same for the whole life of the AsyncFd.
@@ -74,15 +79,21 @@ impl CqWait {
             events,
             mode,
             armed: false,
+            qpn: u32::MAX,
             no_reactor: false,
             spin_since: None,
             batch: WcBatch::with_capacity(BATCH),
         })
     }
 
+    /// The queue pair this CQ serves.
+    pub(super) fn set_qpn(&mut self, qpn: u32) {
+        self.qpn = qpn;
+    }
+
     /// Polls one batch of completions into `ring`; returns how many were applied.
     pub(super) fn poll_once<B>(&mut self, ring: &mut Ring<B>) -> usize {
-        poll_into(&self.cq, &mut self.batch, ring)
+        poll_into(&self.cq, &mut self.batch, self.qpn, ring)
     }
 
     /// What a reaper of the dropped queue pair needs to poll its flushes (the reactor
@@ -91,6 +102,7 @@ impl CqWait {
         Flushes {
             cq: self.cq.clone(),
             batch: WcBatch::with_capacity(BATCH),
+            qpn: self.qpn,
         }
     }
 
@@ -181,16 +193,19 @@ impl CqWait {
 pub(super) struct Flushes {
     cq: CompletionQueue,
     batch: WcBatch,
+    qpn: u32,
 }
 
 impl Flushes {
     pub(super) fn poll<B>(&mut self, ring: &mut Ring<B>) -> usize {
-        poll_into(&self.cq, &mut self.batch, ring)
+        poll_into(&self.cq, &mut self.batch, self.qpn, ring)
     }
 }
 
-/// Polls one batch of `cq` into `ring`; returns how many completions were applied.
-fn poll_into<B>(cq: &CompletionQueue, batch: &mut WcBatch, ring: &mut Ring<B>) -> usize {
+/// Polls one batch of `cq` into `ring`; returns how many completions were applied. Only queue
+/// pair `qpn`'s count: no other can be created on this CQ from safe code (a driven CQ is
+/// refused), and one that were would name nothing here.
+fn poll_into<B>(cq: &CompletionQueue, batch: &mut WcBatch, qpn: u32, ring: &mut Ring<B>) -> usize {
     let wcs = match cq.poll_driven(batch) {
         Ok(wcs) => wcs,
         Err(e) => {
@@ -199,14 +214,26 @@ fn poll_into<B>(cq: &CompletionQueue, batch: &mut WcBatch, ring: &mut Ring<B>) -
             return 0;
         }
     };
+    let mut applied = 0;
     for wc in wcs {
+        if wc.qp_num() != qpn {
+            warn!(
+                qp_num = wc.qp_num(),
+                "completion of another queue pair on an owned CQ ignored"
+            );
+            continue;
+        }
+        let ok = wc.is_success();
         let outcome = Outcome {
             status: wc.status(),
             vendor_err: wc.vendor_err(),
             len: wc.byte_len(),
             imm: wc.imm(),
+            write_imm: ok && wc.opcode() == WcOpcode::RecvRdmaWithImm,
         };
-        if !ring.complete(wc.wr_id(), outcome) {
+        if ring.complete(wc.wr_id(), outcome) {
+            applied += 1;
+        } else {
             // Cannot happen: only this queue pair posts to the CQ, with ring ids.
             warn!(
                 wr_id = wc.wr_id(),
@@ -214,5 +241,7 @@ fn poll_into<B>(cq: &CompletionQueue, batch: &mut WcBatch, ring: &mut Ring<B>) -
             );
         }
     }
-    wcs.len()
+    // Given-up requests' buffers, once the whole batch is applied.
+    ring.drop_released();
+    applied
 }

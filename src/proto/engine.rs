@@ -7,6 +7,7 @@ use super::qp::{QpConfig, QpSlot};
 use super::table::{Entry, Lifecycle, OpTable};
 use super::wr::{Cqe, OpInfo, PostItem, Queue, WorkRequest};
 use crate::error::{Error, QpFailure, WcStatus};
+use crate::verbs::WcOpcode;
 
 /// The result of [`Core::submit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -447,7 +448,13 @@ impl<P> Core<P> {
         };
         if cqe.status == WcStatus::Success {
             let info = OpInfo {
-                byte_len: cqe.byte_len,
+                // A receive consumed by an RDMA WRITE with immediate: the completion's count is
+                // the write's, whose bytes went to the write's target, not into this buffer.
+                byte_len: if cqe.opcode == WcOpcode::RecvRdmaWithImm {
+                    0
+                } else {
+                    cqe.byte_len
+                },
                 imm: cqe.imm,
             };
             finish_ok(&mut self.table, cqe.wr_id, info, out);

@@ -137,7 +137,7 @@ impl CompletionQueue {
         self.inner.driven.store(true, Ordering::Relaxed);
     }
 
-    fn not_driven(&self) -> Result<()> {
+    pub(crate) fn not_driven(&self) -> Result<()> {
         if self.inner.driven.load(Ordering::Relaxed) {
             return Err(Error::DriverOwned("completion queue"));
         }

@@ -304,8 +304,18 @@ impl QueuePair {
     ///
     /// # Errors
     ///
-    /// [`Error::CreateQp`] with the errno (e.g. `EINVAL` if a capability exceeds the device's).
+    /// [`Error::CreateQp`] with the errno (e.g. `EINVAL` if a capability exceeds the device's);
+    /// [`Error::DriverOwned`] if a completion queue is a driver's or an
+    /// [`OwnedQp`](crate::owned::OwnedQp)'s (reachable through `verbs().send_cq()`): a queue
+    /// pair of one's own there would hand its completions to requests they do not belong to.
     pub fn new_rc(pd: &ProtectionDomain, attr: &QpInitAttr) -> Result<QueuePair> {
+        attr.send_cq.not_driven()?;
+        attr.recv_cq.not_driven()?;
+        Self::new_rc_driven(pd, attr)
+    }
+
+    /// [`new_rc`](Self::new_rc) for the driver (or owned queue pair) that owns the CQs.
+    pub(crate) fn new_rc_driven(pd: &ProtectionDomain, attr: &QpInitAttr) -> Result<QueuePair> {
         let mut raw = sys::ibv_qp_init_attr {
             send_cq: attr.send_cq.as_ptr(),
             recv_cq: attr.recv_cq.as_ptr(),

@@ -237,3 +237,23 @@ fn an_index_reused_past_the_generation_width_stays_usable_and_stale_keys_stay_de
         earlier.push(qp);
     }
 }
+
+/// A receive consumed by an RDMA WRITE with immediate reports no bytes: the completion's count
+/// is the write's, whose data went to the write's target (`Recv` sets the buffer's initialised
+/// length from it). Before: `OpInfo { byte_len: 4096, .. }`.
+#[test]
+fn a_receive_consumed_by_a_write_with_immediate_reports_no_bytes() {
+    let mut core: Core<()> = Core::new();
+    let qp = core.add_qp(QpConfig::new(2, 2, 4)).unwrap();
+    let (r, _) = core.submit_posted(qp, Queue::Recv).unwrap().unwrap();
+    let mut cqe = cqe_recv(r, 4096, Some(7));
+    cqe.opcode = WcOpcode::RecvRdmaWithImm;
+    complete(&mut core, cqe);
+    assert!(matches!(
+        core.poll_result(r, None),
+        Poll::Ready(Ok(OpInfo {
+            byte_len: 0,
+            imm: Some(7)
+        }))
+    ));
+}
