@@ -94,6 +94,13 @@ impl Lap {
     }
 }
 
+/// One latency sample in µs, as perftest defines it: a read's whole time, half a ping-pong's
+/// round trip.
+pub fn lat_sample(test: Test, took: Duration) -> f64 {
+    let us = us(took);
+    if test == Test::ReadLat { us } else { us / 2.0 }
+}
+
 /// Client side of one size.
 pub async fn client_case(
     ctrl: &mut Ctrl,

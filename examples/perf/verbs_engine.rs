@@ -117,12 +117,7 @@ pub fn client(
             }
             _ => return Err("the verbs engine runs latency tests only".into()),
         }
-        let d = clock.lap().as_secs_f64() * 1e6;
-        out.push(if cfg.test == Test::ReadLat {
-            d
-        } else {
-            d / 2.0
-        });
+        out.push(crate::run::lat_sample(cfg.test, clock.lap()));
     }
     Ok(out)
 }

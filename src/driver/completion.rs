@@ -44,8 +44,9 @@ const TASK_SPIN_ROUNDS: u32 = 64;
 /// Acknowledge CQ events once this many are pending (one `ibv_ack_cq_events` for all).
 const ACK_BATCH: u32 = 32;
 
-/// Keeps the completion channel (and so its descriptor) open while registered.
-struct ChannelFd(CompletionChannel);
+/// Keeps the completion channel (and so its descriptor) open while registered with the
+/// reactor (the completion task's, and an [`OwnedQp`](crate::owned::OwnedQp)'s waits).
+pub(crate) struct ChannelFd(pub(crate) CompletionChannel);
 
 impl AsRawFd for ChannelFd {
     fn as_raw_fd(&self) -> RawFd {

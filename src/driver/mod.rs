@@ -42,6 +42,7 @@ use std::sync::atomic::Ordering;
 
 use tracing::debug;
 
+pub(crate) use completion::ChannelFd;
 pub(crate) use deferred::{Deferred, Sink};
 pub(crate) use latency::WaitKind;
 pub(crate) use offload::off_runtime;

@@ -4,7 +4,6 @@
 //! task, lock or table is involved: one CQ poll finds the completion, its `wr_id` names the
 //! ring slot that owns the buffer.
 
-use std::os::fd::{AsRawFd, RawFd};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -13,7 +12,7 @@ use tokio::io::unix::AsyncFd;
 use tracing::{trace, warn};
 
 use super::ring::{Outcome, Ring};
-use crate::driver::CompletionMode;
+use crate::driver::{ChannelFd, CompletionMode};
 use crate::error::{Error, Result};
 use crate::verbs::{CompletionChannel, CompletionQueue, WcBatch, WcOpcode};
 
@@ -28,15 +27,6 @@ const BATCH: usize = 16;
 
 /// CQ events acknowledged in one `ibv_ack_cq_events`.
 const ACK_BATCH: u32 = 32;
-
-/// Keeps the completion channel (and so its descriptor) open while registered.
-struct ChannelFd(CompletionChannel);
-
-impl AsRawFd for ChannelFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
 
 /// The completion queue of one owned queue pair, and how its waits poll and sleep.
 pub(super) struct CqWait {
