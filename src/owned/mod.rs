@@ -370,6 +370,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         if !self.ring.owns(&ticket) {
             return Err(Error::InvalidArgument(InvalidArgument::ForeignTicket));
         }
+        self.cq.begin_wait();
         Ok(Wait {
             qp: self,
             state: State::Waiting(ticket),
@@ -405,6 +406,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     ///
     /// Cancel safe: a completion is taken only when the future resolves with it.
     pub fn next_completion(&mut self) -> Next<'_, B> {
+        self.cq.begin_wait();
         Next { qp: self }
     }
 
@@ -458,6 +460,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
             Ok(t) => State::Waiting(t),
             Err(failed) => State::Failed(Box::new(failed)),
         };
+        self.cq.begin_wait();
         Wait { qp: self, state }
     }
 

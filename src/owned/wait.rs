@@ -76,6 +76,13 @@ impl CqWait {
         })
     }
 
+    /// A new wait begins: its adaptive spin budget starts at its first poll (a wait dropped
+    /// mid-spin must not leave its start to the next one, which would then sleep at once).
+    #[inline]
+    pub(super) fn begin_wait(&mut self) {
+        self.spin_since = None;
+    }
+
     /// The queue pair this CQ serves.
     pub(super) fn set_qpn(&mut self, qpn: u32) {
         self.qpn = qpn;
