@@ -30,6 +30,7 @@ pub(crate) use atomic::{atomic_request, previous_value};
 pub use read::Read;
 pub use recv::{Recv, RecvInfo};
 pub use send::Send;
+pub(crate) use sg::check_count as check_sge_count;
 pub use sg::{BufList, SgSource, SgTarget};
 pub use write::Write;
 

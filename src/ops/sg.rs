@@ -153,8 +153,9 @@ pub(crate) fn target_list<T: SgTarget>(dst: &mut T, max_sge: u32) -> Result<SgLi
     Ok(l)
 }
 
+/// Refuses more scatter/gather entries than a queue allows (`TooManySges`).
 #[inline]
-fn check_count(n: usize, max_sge: u32) -> Result<()> {
+pub(crate) fn check_count(n: usize, max_sge: u32) -> Result<()> {
     if n > max_sge as usize {
         return Err(Error::InvalidArgument(InvalidArgument::TooManySges {
             count: n,

@@ -64,7 +64,7 @@ use self::wait::{CqWait, Flushes};
 use crate::buf::RemoteToken;
 use crate::driver::{CompletionMode, off_runtime};
 use crate::error::{Error, InvalidArgument, Result};
-use crate::ops::{SgSource, SgTarget};
+use crate::ops::{SgSource, SgTarget, check_sge_count};
 use crate::proto::SgList;
 use crate::verbs::{ProtectionDomain, QpCaps, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, Sge};
 
@@ -285,10 +285,11 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
             Err(e) => return Err((e, buf)),
         };
         let (wr_id, ticket) = self.ring.post(Kind::Recv, buf)?;
-        // SAFETY: the ring's slot owns the buffer, whose memory the SGEs name, until this
-        // request's completion is polled from this queue pair's CQ (or, if the queue pair is
-        // dropped first, until its flush completion is, else it is leaked). The memory stays
-        // put when the buffer moves (`IoBuf`'s stable pointer).
+        // The ring's slot owns the buffer until this request's completion is polled from this
+        // queue pair's own CQ (if the queue pair is dropped first, until its flush completion
+        // is; else the buffer is leaked, never freed).
+        // SAFETY: the SGEs name the buffer's memory, which stays put when the buffer moves
+        // (`IoBuf`'s stable pointer) and stays allocated while the ring owns it (above).
         match unsafe { self.qp.post_recv(&[RecvWr::new(wr_id, sges.as_slice())]) } {
             Ok(()) => Ok(ticket),
             Err(e) => Err((e, self.ring.unpost(ticket))),
@@ -545,7 +546,7 @@ fn source_sges<S: SgSource>(buf: &S, max: u32) -> Result<Sges> {
             Sges::List(l)
         }
     };
-    check_sges(sges.as_slice().len(), max)?;
+    check_sge_count(sges.as_slice().len(), max)?;
     Ok(sges)
 }
 
@@ -559,18 +560,8 @@ fn target_sges<T: SgTarget>(buf: &mut T, max: u32) -> Result<Sges> {
             Sges::List(l)
         }
     };
-    check_sges(sges.as_slice().len(), max)?;
+    check_sge_count(sges.as_slice().len(), max)?;
     Ok(sges)
-}
-
-fn check_sges(n: usize, max: u32) -> Result<()> {
-    if n > max as usize {
-        return Err(Error::InvalidArgument(InvalidArgument::TooManySges {
-            count: n,
-            max,
-        }));
-    }
-    Ok(())
 }
 
 enum State<B> {

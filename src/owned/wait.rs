@@ -59,11 +59,11 @@ impl CqWait {
         // Polled and armed only here from now on, and no queue pair but this one's may be
         // created on it (`QueuePair::new_rc` refuses a driven CQ).
         cq.set_driven();
-        // SAFETY: `ChannelFd` owns a handle of the channel, so the descriptor stays open and
-        // the same for the whole life of the AsyncFd.
-        let events =
-            unsafe { AsyncFd::register_with_interest(ChannelFd(channel), Interest::READABLE) }
-                .map_err(|e| Error::CreateCompChannel(e.into()))?;
+        let fd = ChannelFd(channel);
+        // SAFETY: `ChannelFd` owns a handle of the channel: the descriptor stays open, and the
+        // same, for the AsyncFd's life.
+        let registered = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) };
+        let events = registered.map_err(|e| Error::CreateCompChannel(e.into()))?;
         Ok(CqWait {
             cq,
             events,
