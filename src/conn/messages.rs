@@ -260,26 +260,33 @@ impl Connection {
             // A one-chunk message that needs no staging buffer mostly goes out at the first
             // look: tried once before a wait is set up (which then looks again, so nothing
             // registered here can be missed).
+            // The state machine hands it out whole if nothing is queued before it and a
+            // credit is free (`send_now`); else it is queued below, as any message.
             let first = std::future::poll_fn(|cx| {
                 let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
-                let none = &mut None;
-                match io.with(|s| hand_out(s, cx, &mut guard, none, &mut rdv)) {
-                    Poll::Ready(r) => {
-                        coop.made_progress();
-                        Poll::Ready(Some(r))
+                let sent = io.with(|s| {
+                    if !io.sq_room(s) {
+                        return Ok(false);
                     }
-                    Poll::Pending => Poll::Ready(None),
+                    let Some(chunk) = s.proto.send_now(msg.len() as u64)? else {
+                        return Ok(false);
+                    };
+                    if io.post_chunk(s, chunk, src, &mut None) {
+                        Ok(true)
+                    } else {
+                        Err(Error::QpFailed(
+                            s.proto.failure().cloned().unwrap_or(QpFailure::Flushed),
+                        ))
+                    }
+                });
+                if !matches!(sent, Ok(false)) {
+                    coop.made_progress();
                 }
+                Poll::Ready(sent)
             })
             .await;
-            match first {
-                Some(Ok(last)) => {
-                    debug_assert!(last, "a one-chunk message");
-                    guard.id = None;
-                    return Ok(());
-                }
-                Some(Err(e)) => return Err(e),
-                None => {}
+            if first? {
+                return Ok(());
             }
         }
         let mut wait = Progress::new(self);

@@ -28,6 +28,10 @@ pub(crate) struct Progress<'a> {
     /// at its first in-place poll (a wait that finds its answer at the first look, as a
     /// small message's send mostly does, sets up and drops none).
     wake: Option<Deferred>,
+    /// A receive's wait: while the state holds nothing to receive (the connection's hint),
+    /// each poll of the future polls the completion queue before it looks, so a message
+    /// found there is taken in one look, with no waker registered for it first.
+    receiving: bool,
 }
 
 impl<'a> Progress<'a> {
@@ -38,7 +42,15 @@ impl<'a> Progress<'a> {
             conn,
             waiter,
             wake: None,
+            receiving: false,
         }
+    }
+
+    /// A receive's wait (see `receiving`).
+    pub(crate) fn receiving(conn: &'a Connection) -> Progress<'a> {
+        let mut p = Progress::new(conn);
+        p.receiving = true;
+        p
     }
 
     pub(crate) async fn run<T>(
@@ -68,7 +80,11 @@ impl<'a> Progress<'a> {
             // mode: see `Shared::in_place_polls`), looking again after each poll that changed
             // the state.
             let polls = conn.qp.shared().in_place_polls();
-            for n in 0..=polls {
+            // A receive with nothing to take polls first: its first look then finds what
+            // the poll delivered. Whatever the order, it looks at least once before it
+            // returns `Pending` (`seen` is unset until it has looked with this waker).
+            let first = u32::from(self.receiving && polls > 0 && io.recv_idle_hint());
+            for n in first..=polls {
                 if n > 0 {
                     if n > 1 {
                         std::hint::spin_loop();

@@ -131,7 +131,7 @@ impl Connection {
     /// [`recv`](Connection::recv): a rendezvous message is read into a buffer of its own.
     pub(super) async fn recv_message(&self) -> Result<Option<Message>> {
         let io = &self.shared.io;
-        let mut wait = Progress::new(self);
+        let mut wait = Progress::receiving(self);
         loop {
             match self.next(&mut wait, None, 0).await? {
                 Next::Local(d) => return Ok(d.map(|d| Message::new(d, io.clone()))),
@@ -203,7 +203,7 @@ impl Connection {
             s.next_owner
         });
         let cap = buf.bytes_total();
-        let mut wait = Progress::new(self);
+        let mut wait = Progress::receiving(self);
         let mut lent = Lent {
             io,
             owner,

@@ -80,6 +80,10 @@ const BLOCKING_REAP: Duration = Duration::from_secs(1);
 /// requests in flight before leaking their buffers.
 const REAP_LIMIT: Duration = Duration::from_secs(10);
 
+/// Empty polls the reaper makes on the runtime, yielding between them, before it waits for
+/// the flushes on the blocking pool.
+const REAP_YIELDS: u32 = 256;
+
 /// How an [`OwnedQp`] is created.
 ///
 /// # Examples
@@ -698,30 +702,46 @@ struct Reap<B> {
 }
 
 impl<B> Reap<B> {
-    /// Polls, yielding between polls, until every request in flight has completed (a flush
-    /// takes the device microseconds), or for at most [`REAP_LIMIT`]: then what is left leaks.
-    async fn run(mut self) {
-        let start = Instant::now();
-        while self.ring.in_flight() > 0 && start.elapsed() < REAP_LIMIT {
+    /// Polls, yielding between polls, until every request in flight has completed: a flush
+    /// takes the device microseconds. A device that takes longer (a stalled soft-RoCE, a
+    /// hung NIC) is waited for on the blocking pool, sleeping between polls rather than
+    /// spinning on a worker, for at most [`REAP_LIMIT`]: then what is left leaks.
+    async fn run(mut self)
+    where
+        B: Send + 'static,
+    {
+        for _ in 0..REAP_YIELDS {
+            if self.ring.in_flight() == 0 {
+                debug!("a dropped owned queue pair was reaped");
+                return;
+            }
             if self.cq.poll(&mut self.ring) == 0 {
                 tokio::task::yield_now().await;
+            }
+        }
+        tokio::task::spawn_blocking(move || self.poll_sleeping(REAP_LIMIT));
+    }
+
+    /// [`run`](Self::run) outside a runtime: polls in place for at most [`BLOCKING_REAP`].
+    fn run_blocking(mut self) {
+        self.poll_sleeping(BLOCKING_REAP);
+    }
+
+    /// Polls until nothing is in flight or `limit` has passed, sleeping between empty polls
+    /// (200 us at first, doubling up to 10 ms).
+    fn poll_sleeping(&mut self, limit: Duration) {
+        let start = Instant::now();
+        let mut nap = Duration::from_micros(200);
+        while self.ring.in_flight() > 0 && start.elapsed() < limit {
+            if self.cq.poll(&mut self.ring) == 0 {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(10));
             }
         }
         debug!(
             left = self.ring.in_flight(),
             "a dropped owned queue pair was reaped"
         );
-    }
-
-    /// [`run`](Self::run) outside a runtime: sleeps between polls, for at most
-    /// [`BLOCKING_REAP`].
-    fn run_blocking(mut self) {
-        let start = Instant::now();
-        while self.ring.in_flight() > 0 && start.elapsed() < BLOCKING_REAP {
-            if self.cq.poll(&mut self.ring) == 0 {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        }
     }
 }
 

@@ -125,6 +125,7 @@ impl Sink for ConnIo {
         if newly_failed {
             Self::wake_sq(&mut s, wake);
         }
+        self.note_recv_idle(&s);
         drop(s);
         // Under the driver's lock: the retired application bytes are dropped once it is
         // released (their owner may hold the last handle of a queue pair of this driver).
@@ -151,6 +152,7 @@ impl Sink for ConnIo {
             s.proto.fail(QpFailure::DriverStopped);
             Self::wake_sq(&mut s, &mut wake);
             self.pump(&mut s, None, &mut wake);
+            self.note_recv_idle(&s);
         }
         wake.run();
         self.drop_retired();

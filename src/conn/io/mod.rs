@@ -11,7 +11,7 @@
 //! order the state machine hands chunks out.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 use std::time::Instant;
@@ -227,6 +227,10 @@ pub(crate) struct ConnIo {
     /// Bumped under the lock whenever the state may have changed (a completion, a user call):
     /// a spinning waiter re-examines the state only when it moved.
     changes: AtomicU64,
+    /// Whether a receive would find nothing in the state ([`ConnProto::recv_idle`]), as of
+    /// the last change made through [`with`](Self::with) or a completion. A hint, never relied
+    /// on: a waiting receive polls the completion queue before it looks when it says so.
+    recv_idle: AtomicBool,
     /// Set (and `done` signalled) when the connection's teardown finished: everything flushed,
     /// every buffer back.
     pub(crate) torn_down: std::sync::atomic::AtomicBool,
@@ -311,6 +315,7 @@ impl ConnIo {
             kick: Notify::new(),
             drained: Notify::new(),
             changes: AtomicU64::new(0),
+            recv_idle: AtomicBool::new(true),
             torn_down: std::sync::atomic::AtomicBool::new(false),
             done: Notify::new(),
             retired: Mutex::new(Vec::with_capacity(sq_budget as usize)),
@@ -334,6 +339,7 @@ impl ConnIo {
         let mut s = self.lock();
         self.bump_changes(&s);
         let r = f(&mut s);
+        self.note_recv_idle(&s);
         if Self::settled(&s) {
             // Nothing to post, wake or kick (most looks): no `Deferred` to set up either.
             drop(s);
@@ -457,6 +463,19 @@ impl ConnIo {
     pub(crate) fn bump_changes(&self, _s: &ConnState) {
         let n = self.changes.load(Ordering::Relaxed);
         self.changes.store(n.wrapping_add(1), Ordering::Release);
+    }
+
+    /// Records whether a receive would find nothing now (see `recv_idle`).
+    #[inline]
+    pub(crate) fn note_recv_idle(&self, s: &ConnState) {
+        self.recv_idle
+            .store(s.proto.recv_idle() && s.fetch.is_none(), Ordering::Relaxed);
+    }
+
+    /// Whether a receive would find nothing in the state, as of the last change (a hint).
+    #[inline]
+    pub(crate) fn recv_idle_hint(&self) -> bool {
+        self.recv_idle.load(Ordering::Relaxed)
     }
 
     /// How often the state may have changed so far (see `changes`).

@@ -346,6 +346,50 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         Ok(self.queue(len, false))
     }
 
+    /// A one-chunk message of `len` bytes handed out at once, the way
+    /// [`start_send`](Self::start_send) then [`poll_chunk`](Self::poll_chunk) would hand it
+    /// out: `Some(chunk)` when it fits one chunk, no message is queued before it, no abort is
+    /// pending and a data credit is free (the caller must post the chunk before the next
+    /// hand-out). `None`: nothing changed; queue the message with `start_send`.
+    ///
+    /// # Errors
+    ///
+    /// As [`start_send`](Self::start_send).
+    pub fn send_now(&mut self, len: u64) -> Result<Option<Chunk>, Error> {
+        if let Some(e) = self.failed_error() {
+            return Err(e);
+        }
+        if self.local_closed {
+            return Err(Error::QpFailed(QpFailure::Closed));
+        }
+        if len > self.cfg.max_message_size {
+            return Err(Error::InvalidArgument(InvalidArgument::MessageTooLarge {
+                len,
+                max: self.cfg.max_message_size,
+            }));
+        }
+        if len > u64::from(self.cfg.max_send_size)
+            || !self.out.is_empty()
+            || self.pending_abort
+            || !self.credits.try_take_data()
+        {
+            return Ok(None);
+        }
+        // As if queued and handed out whole: its number is taken, nobody waits behind it.
+        self.next_id += 1;
+        let imm = self.header(MsgKind::Last);
+        self.counters.sends += 1;
+        self.counters.messages_sent += 1;
+        self.counters.bytes_sent += len;
+        Ok(Some(Chunk {
+            offset: 0,
+            len: len as u32,
+            imm,
+            last: true,
+            rendezvous: None,
+        }))
+    }
+
     fn queue(&mut self, len: u64, rdv: bool) -> u64 {
         let id = self.next_id;
         self.next_id += 1;

@@ -242,6 +242,17 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         Poll::Pending
     }
 
+    /// Whether a receive would find nothing to return now: no message queued, no rendezvous
+    /// read under way, no end of stream and no failure. Only a hint for the shell (it polls
+    /// its completion queue before it looks at the state when this says so); a receive always
+    /// looks before it waits.
+    pub fn recv_idle(&self) -> bool {
+        self.rx.ready.is_empty()
+            && self.rx.rdv.fetching.is_none()
+            && !self.rx.peer_closed
+            && self.failure.is_none()
+    }
+
     /// The next message `poll_recv` would return, if one is queued and no rendezvous read is
     /// in progress (to check its length first).
     pub fn peek_recv(&self) -> Option<&Delivery<B>> {
