@@ -80,6 +80,8 @@ pub mod proto;
 mod proto;
 mod sync;
 mod sys;
+#[cfg(test)]
+mod test_task;
 pub mod verbs;
 
 #[cfg(feature = "metrics")]

@@ -56,7 +56,7 @@ mod tests {
     #[test]
     fn a_kick_before_the_wait_is_kept_once_and_one_during_it_wakes() {
         let kick = Arc::new(TaskKick::default());
-        let mut task = tokio_test::task::spawn(());
+        let mut task = crate::test_task::spawn(());
         // Two kicks with nobody waiting: one wake-up is kept, not two.
         kick.notify_one();
         kick.notify_one();

@@ -111,7 +111,7 @@ fn metrics_track_use_and_registration() {
 async fn exhaustion_waits_and_release_wakes() {
     let p = pool(&[(4096, 1)]);
     let held = p.acquire(4096).await.unwrap();
-    let mut waiting = tokio_test::task::spawn(p.acquire(100));
+    let mut waiting = crate::test_task::spawn(p.acquire(100));
     assert!(waiting.poll().is_pending(), "exhausted: waits, no error");
     assert_eq!(p.metrics().waiters, 1);
     assert!(!waiting.is_woken());
@@ -130,8 +130,8 @@ async fn exhaustion_waits_and_release_wakes() {
 async fn waiters_are_served_in_order() {
     let p = pool(&[(64, 1)]);
     let held = p.try_acquire(1).unwrap().unwrap();
-    let mut first = tokio_test::task::spawn(p.acquire(1));
-    let mut second = tokio_test::task::spawn(p.acquire(2));
+    let mut first = crate::test_task::spawn(p.acquire(1));
+    let mut second = crate::test_task::spawn(p.acquire(2));
     assert!(first.poll().is_pending() && second.poll().is_pending());
     drop(held);
     assert!(first.is_woken() && !second.is_woken());
@@ -153,13 +153,13 @@ async fn cancelled_acquires_lose_no_wakeup() {
     let p = pool(&[(64, 1)]);
     let held = p.try_acquire(1).unwrap().unwrap();
     // Cancelled while queued: nothing to give back.
-    let mut gone = tokio_test::task::spawn(p.acquire(1));
+    let mut gone = crate::test_task::spawn(p.acquire(1));
     assert!(gone.poll().is_pending());
     drop(gone);
     assert_eq!(p.metrics().waiters, 0);
     // Cancelled after the slot was handed to it: the slot moves on to the next waiter.
-    let mut first = tokio_test::task::spawn(p.acquire(1));
-    let mut second = tokio_test::task::spawn(p.acquire(1));
+    let mut first = crate::test_task::spawn(p.acquire(1));
+    let mut second = crate::test_task::spawn(p.acquire(1));
     assert!(first.poll().is_pending() && second.poll().is_pending());
     drop(held);
     assert!(first.is_woken());
@@ -171,7 +171,7 @@ async fn cancelled_acquires_lose_no_wakeup() {
     drop(b);
     // With nobody waiting, a cancelled grant returns to the free list.
     let held = p.try_acquire(1).unwrap().unwrap();
-    let mut w = tokio_test::task::spawn(p.acquire(1));
+    let mut w = crate::test_task::spawn(p.acquire(1));
     assert!(w.poll().is_pending());
     drop(held);
     drop(w);
