@@ -16,7 +16,8 @@
 //!   completion task in between);
 //! * dropped with requests in flight, it moves the queue pair to the error state and keeps
 //!   their buffers until the device has flushed every one of them (in a task of the current
-//!   runtime, for up to 10 s, or, outside one, for up to a second in place); buffers the
+//!   runtime, then, if the device is slow, on its blocking pool, for up to 10 s in all, or,
+//!   outside a runtime, for up to a second in place); buffers the
 //!   device did not release by then are leaked, never freed.
 //!
 //! Instructions per operation against perftest's: docs/benchmarks-speed-3.md.

@@ -331,6 +331,13 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// The connection's failure; [`QpFailure::Closed`] after [`close`](Self::close);
     /// [`Error::InvalidArgument`] for a message over the negotiated maximum.
     pub fn start_send(&mut self, len: u64) -> Result<u64, Error> {
+        self.check_send(len)?;
+        Ok(self.queue(len, false))
+    }
+
+    /// Whether a message of `len` bytes may be sent now (see [`start_send`](Self::start_send)'s
+    /// errors).
+    fn check_send(&self, len: u64) -> Result<(), Error> {
         if let Some(e) = self.failed_error() {
             return Err(e);
         }
@@ -343,7 +350,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
                 max: self.cfg.max_message_size,
             }));
         }
-        Ok(self.queue(len, false))
+        Ok(())
     }
 
     /// A one-chunk message of `len` bytes handed out at once, the way
@@ -356,18 +363,7 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     ///
     /// As [`start_send`](Self::start_send).
     pub fn send_now(&mut self, len: u64) -> Result<Option<Chunk>, Error> {
-        if let Some(e) = self.failed_error() {
-            return Err(e);
-        }
-        if self.local_closed {
-            return Err(Error::QpFailed(QpFailure::Closed));
-        }
-        if len > self.cfg.max_message_size {
-            return Err(Error::InvalidArgument(InvalidArgument::MessageTooLarge {
-                len,
-                max: self.cfg.max_message_size,
-            }));
-        }
+        self.check_send(len)?;
         if len > u64::from(self.cfg.max_send_size)
             || !self.out.is_empty()
             || self.pending_abort
