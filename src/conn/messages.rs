@@ -258,10 +258,9 @@ impl Connection {
         let chunk_size = self.shared.params.max_send_size as usize;
         if !by_rdv && msg.len() <= chunk_size && !io.needs_staging(&src, msg.len()) {
             // A one-chunk message that needs no staging buffer mostly goes out at the first
-            // look: tried once before a wait is set up (which then looks again, so nothing
-            // registered here can be missed).
-            // The state machine hands it out whole if nothing is queued before it and a
-            // credit is free (`send_now`); else it is queued below, as any message.
+            // look, before a wait is set up: the state machine hands it out whole if nothing
+            // is queued before it and a credit is free (`send_now`). Else nothing changed (no
+            // waker registered) and it is queued below, as any message.
             let first = std::future::poll_fn(|cx| {
                 let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
                 let sent = io.with(|s| {

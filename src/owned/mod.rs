@@ -81,8 +81,8 @@ const BLOCKING_REAP: Duration = Duration::from_secs(1);
 /// requests in flight before leaking their buffers.
 const REAP_LIMIT: Duration = Duration::from_secs(10);
 
-/// Empty polls the reaper makes on the runtime, yielding between them, before it waits for
-/// the flushes on the blocking pool.
+/// Polls the reaper makes on the runtime (yielding after each that finds nothing) before it
+/// waits for the flushes on the blocking pool.
 const REAP_YIELDS: u32 = 256;
 
 /// How an [`OwnedQp`] is created.
