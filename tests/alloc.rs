@@ -14,7 +14,7 @@ use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use common::{all_access, async_pair_with, reg_with};
+use common::{all_access, async_pair_with, posted, reg_with};
 use tokio_rdma::buf::RemoteToken;
 use tokio_rdma::conn::ConnectOptions;
 use tokio_rdma::driver::{CompletionMode, DriverOptions, QpOptions};
@@ -104,7 +104,10 @@ fn qp_ops(mode: CompletionMode) -> u64 {
         let mut rounds = async |n: usize| {
             for k in 0..n {
                 let ((rres, d), (sres, s)) =
-                    tokio::join!(p.b.recv(dst.take().unwrap()), p.a.send(src.take().unwrap()));
+                    tokio::join!(
+                        posted(p.b.recv(dst.take().unwrap())),
+                        p.a.send(src.take().unwrap())
+                    );
                 assert_eq!(rres.unwrap().len, 64);
                 sres.unwrap();
                 let (res, s) = p.a.write(s, remote).await;

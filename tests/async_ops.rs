@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{all_access, async_pair, pattern, reg_with, within};
+use common::{all_access, async_pair, pattern, posted, reg_with, within};
 use tokio_rdma::buf::{IoBuf, RemoteToken};
 use tokio_rdma::ops::BufList;
 use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
@@ -25,7 +25,7 @@ async fn send_recv_sizes() {
         let data = pattern(len, i as u8);
         let tx = reg_with(&p.pd, &data, AccessFlags::LOCAL_WRITE);
         let rx = RegisteredBuffer::new(&p.pd, len.max(1), AccessFlags::LOCAL_WRITE).unwrap();
-        let recv = p.b.recv(rx);
+        let recv = posted(p.b.recv(rx));
         let send = p.a.send(tx.slice(0..len));
         let ((rres, rx), (sres, _tx)) =
             within(60, "send/recv", async { tokio::join!(recv, send) }).await;
@@ -55,7 +55,7 @@ async fn send_with_imm_and_sg_lists() {
         RegisteredBuffer::new(&p.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap(),
     ]);
     let (r, s) = within(60, "sg send", async {
-        tokio::join!(p.b.recv(rx), p.a.send_with_imm(tx, 0x5eed))
+        tokio::join!(posted(p.b.recv(rx)), p.a.send_with_imm(tx, 0x5eed))
     })
     .await;
     s.0.unwrap();
@@ -89,7 +89,7 @@ async fn write_read_and_write_with_imm() {
 
     // WRITE with immediate consumes a (zero-length) receive at the peer.
     let small = src.slice(0..4096);
-    let recv = p.b.recv(Vec::<u8>::new());
+    let recv = posted(p.b.recv(Vec::<u8>::new()));
     let write =
         p.a.write_with_imm(small, token(&target).slice(8192..).unwrap(), 77);
     let ((rres, _), (wres, _)) =

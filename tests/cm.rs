@@ -433,10 +433,8 @@ async fn driver_queue_pairs_over_rdma_cm() {
     let cqp = driver.create_qp(&pd, opts).unwrap();
     cid.modify_qp(cqp.verbs(), QpState::Init).unwrap();
     let crx = RegisteredBuffer::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let crecv = tokio::spawn(cqp.recv(crx));
-    // Let the receive post (operations post on first poll).
-    tokio::task::yield_now().await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Posted now (`start`), before the peer can send: not left to the spawned task's first poll.
+    let crecv = tokio::spawn(common::posted(cqp.recv(crx)));
     let hello = Params::default().encode().unwrap();
     cid.connect(&ConnParam::new(cqp.verbs()).private_data(&hello))
         .unwrap();
@@ -450,9 +448,7 @@ async fn driver_queue_pairs_over_rdma_cm() {
     let sqp = driver.create_qp(&pd, opts).unwrap();
     sid.prepare_accept(sqp.verbs()).unwrap();
     let srx = RegisteredBuffer::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let srecv = tokio::spawn(sqp.recv(srx));
-    tokio::task::yield_now().await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let srecv = tokio::spawn(common::posted(sqp.recv(srx)));
     sid.accept(
         &ConnParam::new(sqp.verbs())
             .private_data(&hello)

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{all_access, async_pair, connect_qps, reg_with, within};
+use common::{all_access, async_pair, connect_qps, posted, reg_with, within};
 use tokio_rdma::buf::{Grant, GrantKind, Pool, PoolConfig, RemoteAccess, SizeClass};
 use tokio_rdma::driver::QpOptions;
 use tokio_rdma::owned::{OwnedQp, OwnedQpOptions};
@@ -38,7 +38,7 @@ async fn a_driven_completion_queue_refuses_polls_and_events_from_outside() {
     let rx = RegisteredBuffer::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
     let tx = reg_with(&p.pd, b"still driven", AccessFlags::LOCAL_WRITE);
     let ((r, rx), (s, _)) = within(60, "send/recv", async {
-        tokio::join!(p.b.recv(rx), p.a.send(tx))
+        tokio::join!(posted(p.b.recv(rx)), p.a.send(tx))
     })
     .await;
     s.unwrap();
@@ -125,8 +125,8 @@ async fn an_operation_that_outlives_its_queue_pair_fails_and_touches_no_other() 
     let d = driver.create_qp(&pd, QpOptions::default()).unwrap();
     connect_qps(&ctx, c.verbs(), d.verbs(), all_access());
     let rx = RegisteredBuffer::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut recv = std::pin::pin!(d.recv(rx));
-    // Post the receive (first poll) and leave it waiting.
+    let mut recv = std::pin::pin!(posted(d.recv(rx)));
+    // Posted, and waiting (its first poll).
     assert!(
         futures::poll!(recv.as_mut()).is_pending(),
         "nothing was sent yet"
@@ -260,7 +260,7 @@ async fn a_queue_pair_slot_reused_thousands_of_times_works_and_its_old_keys_stay
     let d = driver.create_qp(&pd, QpOptions::default()).unwrap();
     connect_qps(&ctx, c.verbs(), d.verbs(), all_access());
     let rx = RegisteredBuffer::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut recv = std::pin::pin!(d.recv(rx));
+    let mut recv = std::pin::pin!(posted(d.recv(rx)));
     assert!(futures::poll!(recv.as_mut()).is_pending());
     match within(30, "stale send", stale).await.0 {
         Err(Error::QpFailed(QpFailure::Closed)) => {}
@@ -278,7 +278,7 @@ async fn a_queue_pair_slot_reused_thousands_of_times_works_and_its_old_keys_stay
     let rx = RegisteredBuffer::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
     let tx = reg_with(&pd, b"old pair", AccessFlags::LOCAL_WRITE);
     let ((r, rx), (s, _)) = within(60, "old pair", async {
-        tokio::join!(p.b.recv(rx), p.a.send(tx))
+        tokio::join!(posted(p.b.recv(rx)), p.a.send(tx))
     })
     .await;
     s.unwrap();

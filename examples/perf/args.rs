@@ -126,6 +126,12 @@ pub struct TestConfig {
     pub zero_copy: bool,
     /// msg tests: how large zero-copy messages travel (see [`Rendezvous`]).
     pub rendezvous: Rendezvous,
+    /// Rate tests (`*_bw`, `msg_rate`): time every operation (a clock read per operation and
+    /// a percentile table). Off by default: perftest's bandwidth tests time the whole run,
+    /// and the per-operation bookkeeping (~400 instructions per operation, most of it sorting
+    /// and histogramming the samples) would count as the crate's in `scripts/bench-insn`.
+    /// Latency tests always time every iteration.
+    pub op_latency: bool,
 }
 
 /// msg tests: rendezvous for the messages of `--zero-copy` sends (the crate's threshold,
@@ -153,7 +159,7 @@ impl TestConfig {
     pub fn encode(&self) -> String {
         let sizes: Vec<String> = self.sizes.iter().map(|s| s.to_string()).collect();
         format!(
-            "test={} sizes={} iters={} warmup={} depth={} rx_depth={} qps={} mode={} inline={} signal_every={} coalesce={} engine={} zero_copy={} rendezvous={}",
+            "test={} sizes={} iters={} warmup={} depth={} rx_depth={} qps={} mode={} inline={} signal_every={} coalesce={} engine={} zero_copy={} rendezvous={} op_latency={}",
             self.test.name(),
             sizes.join(","),
             self.iters,
@@ -174,6 +180,7 @@ impl TestConfig {
             },
             u8::from(self.zero_copy),
             self.rendezvous.name(),
+            u8::from(self.op_latency),
         )
     }
 
@@ -194,6 +201,7 @@ impl TestConfig {
             owned: false,
             zero_copy: false,
             rendezvous: Rendezvous::Recv,
+            op_latency: false,
         };
         for kv in line.split_whitespace() {
             let (k, v) = kv.split_once('=').ok_or(format!("bad field {kv}"))?;
@@ -217,6 +225,7 @@ impl TestConfig {
                     c.owned = v == "owned";
                 }
                 "zero_copy" => c.zero_copy = v == "1",
+                "op_latency" => c.op_latency = v == "1",
                 "rendezvous" => {
                     c.rendezvous = match v {
                         "off" => Rendezvous::Off,
@@ -314,7 +323,8 @@ the crate's default); the queue-pair options (--signal-every, --coalesce, --rx-d
 do not apply.
 
 Percentiles come from an HDR histogram of the samples (nanosecond resolution, 3 significant
-digits).";
+digits). The rate tests (*_bw, msg_rate) time only the whole run unless --op-latency (or
+--samples, --svg) asks for every operation's time, as perftest's bandwidth tests do.";
 
 /// The command line (`perf --help`).
 #[derive(Debug, Parser)]
@@ -433,6 +443,10 @@ struct Cli {
     /// (Connection::send_bytes; the msg_lat server echoes the received buffer back the same way)
     #[arg(long, help_heading = "Client options")]
     zero_copy: bool,
+    /// Rate tests (*_bw, msg_rate): also time every operation (post to completion) and print
+    /// its percentiles; off by default, as perftest's bandwidth tests time only the whole run
+    #[arg(long, help_heading = "Client options")]
+    op_latency: bool,
     /// msg tests with --zero-copy: large messages by rendezvous received with recv (a buffer
     /// registered per message) or recv_into (one pool buffer, reused), or off (chunked)
     #[arg(
@@ -613,6 +627,11 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
                 owned,
                 zero_copy: cli.zero_copy,
                 rendezvous: cli.rendezvous,
+                // The sample file and the plot need the samples.
+                op_latency: cli.op_latency
+                    || test.is_lat()
+                    || cli.samples.is_some()
+                    || cli.svg.is_some(),
             };
             if cfg.zero_copy && !test.is_msg() {
                 return bad("--zero-copy applies to the msg_* tests");

@@ -172,10 +172,10 @@ pub async fn client(
         }
         _ => {
             if cfg.warmup > 0 {
-                stream(conn, &msg, cfg.warmup, in_flight(cfg), &mut Vec::new()).await?;
+                stream(conn, &msg, cfg.warmup, in_flight(cfg), false, &mut Vec::new()).await?;
             }
             mark(cfg.warmup);
-            stream(conn, &msg, cfg.iters, in_flight(cfg), samples).await?;
+            stream(conn, &msg, cfg.iters, in_flight(cfg), cfg.op_latency, samples).await?;
         }
     }
     Ok(cfg.iters as u64)
@@ -193,32 +193,38 @@ fn in_flight(cfg: &TestConfig) -> usize {
 /// Sends `n` messages back to back, then waits for the receiver's 1-byte acknowledgement of
 /// the last. A send resolves once its chunks are posted (the window is the receiver's
 /// credits), one after the other; a rendezvous send resolves only once the receiver read it,
-/// so with rendezvous `depth` sends run at once.
+/// so with rendezvous `depth` sends run at once. With `timed`, each send's time (start to
+/// resolve, us) goes into `samples`; otherwise no clock is read per message.
 async fn stream(
     conn: &Connection,
     msg: &Payload,
     n: usize,
     depth: usize,
+    timed: bool,
     samples: &mut Vec<f64>,
 ) -> Res<()> {
     if depth <= 1 {
         // One send at a time: a plain loop, as an application writes it (`buffered(1)` would
         // add a task allocation and the futures crate's bookkeeping to every message).
         for _ in 0..n {
-            let t = Instant::now();
+            let t = timed.then(Instant::now);
             msg.send(conn).await?;
-            samples.push(us(t.elapsed()));
+            if let Some(t) = t {
+                samples.push(us(t.elapsed()));
+            }
         }
     } else {
         use futures::StreamExt;
         let mut sends = futures::stream::iter(0..n)
             .map(|_| async {
-                let t = Instant::now();
-                msg.send(conn).await.map(|()| us(t.elapsed()))
+                let t = timed.then(Instant::now);
+                msg.send(conn).await.map(|()| t.map(|t| us(t.elapsed())))
             })
             .buffered(depth);
         while let Some(r) = sends.next().await {
-            samples.push(r?);
+            if let Some(us) = r? {
+                samples.push(us);
+            }
         }
     }
     let ack = conn.recv().await?.ok_or("the server closed early")?;

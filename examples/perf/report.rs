@@ -264,16 +264,24 @@ pub fn table_head() -> String {
 
 pub fn table_row(r: &CaseResult) -> String {
     let p = r.percentiles();
+    // No samples (a rate test without --op-latency): "-", not NaN.
+    let us = |x: f64| {
+        if x.is_finite() {
+            format!("{x:.2}")
+        } else {
+            "-".into()
+        }
+    };
     format!(
-        "{:>8} {:>7} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>8.2} {:>10.2} {:>8.4} {:>8.2} {:>8} {:>6.2} {:>6.1} {:>6.2}",
+        "{:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>10.2} {:>8.4} {:>8.2} {:>8} {:>6.2} {:>6.1} {:>6.2}",
         r.size,
         r.ops,
-        p.p50,
-        p.p90,
-        p.p99,
-        p.p999,
-        p.max,
-        p.avg,
+        us(p.p50),
+        us(p.p90),
+        us(p.p99),
+        us(p.p999),
+        us(p.max),
+        us(p.avg),
         r.bw_mib(),
         r.mops(),
         r.per_op(r.cpu),

@@ -301,7 +301,8 @@ impl Future for BwOp {
 }
 
 /// Keeps `cfg.depth` operations in flight on every queue pair until each has done `iters`;
-/// pushes each operation's post-to-completion time (us) into `samples`.
+/// with `cfg.op_latency`, pushes each operation's post-to-completion time (us) into `samples`
+/// (otherwise the loop reads no clock: the run's rate is timed by the caller).
 ///
 /// A ring of operations, oldest first, as an application pipelines requests on RC queue pairs
 /// (each completes its requests in order): await the oldest; take the ones behind it that are
@@ -338,7 +339,7 @@ async fn bw_loop(
     let mut left = vec![iters; cfg.qps];
     // In flight, oldest first: queue pair, start time, the operation, and its outcome if a
     // look while starting found it complete already.
-    let mut ring: VecDeque<(usize, Instant, BwOp, Option<BwOut>)> =
+    let mut ring: VecDeque<(usize, Option<Instant>, BwOp, Option<BwOut>)> =
         VecDeque::with_capacity(cfg.depth * cfg.qps);
     // Reused: the buffers of the operations completed in one look, to start again.
     let mut done: Vec<(usize, Chunk)> = Vec::with_capacity(cfg.depth * cfg.qps);
@@ -360,7 +361,7 @@ async fn bw_loop(
                 Poll::Ready(out) => Some(out),
                 Poll::Pending => None,
             };
-            ring.push_back((q, Instant::now(), op, out));
+            ring.push_back((q, cfg.op_latency.then(Instant::now), op, out));
         }
         flushed.fill(false);
         for (q, _, op, out) in ring.iter_mut().skip(fresh).rev() {
@@ -378,9 +379,11 @@ async fn bw_loop(
             Some(o) => o,
             None => (&mut op).await,
         };
-        let mut finish = |q: usize, t: Instant, (res, c): BwOut| -> Res<()> {
+        let mut finish = |q: usize, t: Option<Instant>, (res, c): BwOut| -> Res<()> {
             res?;
-            samples.push(us(t.elapsed()));
+            if let Some(t) = t {
+                samples.push(us(t.elapsed()));
+            }
             if left[q] > 0 {
                 left[q] -= 1;
                 done.push((q, c));

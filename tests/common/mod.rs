@@ -28,6 +28,7 @@ pub fn device_name() -> String {
 
 /// Opens the device under test; panics with the list of devices if it is missing.
 pub fn open_device() -> (Context, u8) {
+    init_tracing();
     let name = device_name();
     let ctx = Context::open(&name).unwrap_or_else(|e| panic!("opening {name}: {e}"));
     let port = (1..=ctx.device_attr().phys_port_cnt)
@@ -174,6 +175,19 @@ pub fn reg_with(
         tokio_rdma::verbs::RegisteredBuffer::new(pd, data.len().max(1), access).expect("register");
     b.write_at(0, data);
     b
+}
+
+/// `r`, posted now ([`Recv::start`](tokio_rdma::ops::Recv::start)): a message may arrive from
+/// here on. A receive posted by its first poll inside `tokio::join!(recv, send)` can go after
+/// the send: the macro rotates which future it polls first, and on a coalescing queue pair a
+/// first poll only queues. A message that arrives before its receive is answered with RNR NAKs,
+/// fatal after the queue pair's `rnr_retry` (3 x 0.64 ms here): the send fails with
+/// `RNR_RETRY_EXC_ERR` and the receive waits for good (seen under load in the VM).
+pub fn posted<B: tokio_rdma::ops::SgTarget>(
+    mut r: tokio_rdma::ops::Recv<B>,
+) -> tokio_rdma::ops::Recv<B> {
+    r.start();
+    r
 }
 
 /// Runs `f` with a timeout that fails the test instead of hanging it.
