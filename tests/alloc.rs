@@ -103,11 +103,10 @@ fn qp_ops(mode: CompletionMode) -> u64 {
         // One round: a send/recv pair, a write, a read, a fetch-and-add, a compare-and-swap.
         let mut rounds = async |n: usize| {
             for k in 0..n {
-                let ((rres, d), (sres, s)) =
-                    tokio::join!(
-                        posted(p.b.recv(dst.take().unwrap())),
-                        p.a.send(src.take().unwrap())
-                    );
+                let ((rres, d), (sres, s)) = tokio::join!(
+                    posted(p.b.recv(dst.take().unwrap())),
+                    p.a.send(src.take().unwrap())
+                );
                 assert_eq!(rres.unwrap().len, 64);
                 sres.unwrap();
                 let (res, s) = p.a.write(s, remote).await;

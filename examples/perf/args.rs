@@ -128,8 +128,8 @@ pub struct TestConfig {
     pub rendezvous: Rendezvous,
     /// Rate tests (`*_bw`, `msg_rate`): time every operation (a clock read per operation and
     /// a percentile table). Off by default: perftest's bandwidth tests time the whole run,
-    /// and the per-operation bookkeeping (~400 instructions per operation, most of it sorting
-    /// and histogramming the samples) would count as the crate's in `scripts/bench-insn`.
+    /// and the per-operation clock reads and samples (~120 instructions per operation) would
+    /// count as the crate's in `scripts/bench-insn`.
     /// Latency tests always time every iteration.
     pub op_latency: bool,
 }

@@ -172,10 +172,26 @@ pub async fn client(
         }
         _ => {
             if cfg.warmup > 0 {
-                stream(conn, &msg, cfg.warmup, in_flight(cfg), false, &mut Vec::new()).await?;
+                stream(
+                    conn,
+                    &msg,
+                    cfg.warmup,
+                    in_flight(cfg),
+                    false,
+                    &mut Vec::new(),
+                )
+                .await?;
             }
             mark(cfg.warmup);
-            stream(conn, &msg, cfg.iters, in_flight(cfg), cfg.op_latency, samples).await?;
+            stream(
+                conn,
+                &msg,
+                cfg.iters,
+                in_flight(cfg),
+                cfg.op_latency,
+                samples,
+            )
+            .await?;
         }
     }
     Ok(cfg.iters as u64)

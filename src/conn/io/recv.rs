@@ -1,11 +1,17 @@
 //! Receives on the connection's own queue pair, from its private pool.
 
 use super::{ConnIo, ConnState, next_recv_seq};
-use crate::verbs::RecvWr;
+use crate::buf::PoolBuf;
+use crate::verbs::{RecvWr, Sge};
+
+/// Receives posted by one `ibv_post_recv` call at most: the state machine hands data receives
+/// back in batches (`ConnProto::recvs_to_post`), and a batch goes in one chained call.
+const CHAIN: usize = 16;
 
 impl ConnIo {
-    /// Posts the receives the state machine asks for: private buffers on this queue pair, or
-    /// (on the shared receive queue) grants from the connection's claim.
+    /// Posts the receives the state machine asks for: private buffers on this queue pair, in
+    /// chains of up to [`CHAIN`], or (on the shared receive queue) grants from the
+    /// connection's claim.
     pub(super) fn post_recvs(&self, s: &mut ConnState) {
         let want = if s.in_error {
             0
@@ -18,25 +24,48 @@ impl ConnIo {
         }
         let mut posted = 0;
         while posted < want {
-            let Ok(Some(buf)) = self.pool.try_acquire(self.recv_size) else {
-                s.short = true;
-                break;
-            };
-            let seq = s.next_recv;
-            let sge = [buf.sge(0..buf.capacity())];
-            let wr = RecvWr::new(self.wr_base | u64::from(seq), &sge);
-            // SAFETY: the buffer is registered in this queue pair's protection domain and
-            // stays in `recvs` (untouched) until its completion.
-            match unsafe { self.qp.post_recv(&[wr]) } {
-                Ok(()) => {
-                    s.next_recv = next_recv_seq(seq);
-                    s.recvs.push_back(Some(buf));
-                    posted += 1;
-                }
-                Err(e) => {
-                    self.post_failed(s, &e);
+            let n = ((want - posted) as usize).min(CHAIN);
+            let mut bufs: [Option<PoolBuf>; CHAIN] = Default::default();
+            let mut sges = [Sge::ZERO; CHAIN];
+            let mut got = 0;
+            while got < n {
+                let Ok(Some(buf)) = self.pool.try_acquire(self.recv_size) else {
+                    s.short = true;
                     break;
-                }
+                };
+                sges[got] = buf.sge(0..buf.capacity());
+                bufs[got] = Some(buf);
+                got += 1;
+            }
+            if got == 0 {
+                break;
+            }
+            let mut wrs = [RecvWr::EMPTY; CHAIN];
+            let mut seq = s.next_recv;
+            for (wr, sge) in wrs.iter_mut().zip(&sges).take(got) {
+                *wr = RecvWr::new(self.wr_base | u64::from(seq), std::slice::from_ref(sge));
+                seq = next_recv_seq(seq);
+            }
+            // SAFETY: every buffer is registered in this queue pair's protection domain and
+            // moves to `recvs` (untouched) until its completion; those a failed call did not
+            // post (from its bad index on) never reached the device and go back to the pool.
+            let res = unsafe { self.qp.post_recv(&wrs[..got]) };
+            let ok = match &res {
+                Ok(()) => got,
+                Err(crate::Error::PostRecv { bad_index, .. }) => (*bad_index).min(got),
+                Err(_) => 0,
+            };
+            for buf in bufs.iter_mut().take(ok) {
+                s.recvs.push_back(buf.take());
+                s.next_recv = next_recv_seq(s.next_recv);
+            }
+            posted += ok as u32;
+            if let Err(e) = res {
+                self.post_failed(s, &e);
+                break;
+            }
+            if got < n {
+                break;
             }
         }
         if posted == want {

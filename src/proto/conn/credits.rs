@@ -6,7 +6,8 @@
 //!   and never sends a chunk without one, so a chunk always finds a posted receive. The
 //!   receiver returns a data credit only when it re-posts the receive, and it re-posts only
 //!   while the application's unconsumed data is within its budget: a slow reader slows the
-//!   sender instead of growing memory.
+//!   sender instead of growing memory. Re-posts go in batches (`ConnProto::recvs_to_post`), so
+//!   up to a batch less one of the credits is held back between batches.
 //! * **Control messages** (credit returns, keepalives, end of stream, abort, error) need no
 //!   data credit and never wait for the peer's application. The receiver keeps
 //!   [`CONTROL_RECVS`] receives posted for them beyond the data credits and re-posts the

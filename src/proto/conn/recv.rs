@@ -11,11 +11,38 @@ use crate::proto::msg::{MsgHeader, MsgKind};
 impl<B: AsRef<[u8]>> ConnProto<B> {
     /// Receives to post now (each into a receive buffer of the negotiated size). Report what
     /// was posted with [`recvs_posted`](Self::recvs_posted).
+    ///
+    /// Data receives go back in batches (see [`data_reposts_due`](Self::data_reposts_due));
+    /// the first receives and those of control messages go at once.
     pub fn recvs_to_post(&self) -> u32 {
         if self.failure.is_some() {
             return 0;
         }
-        self.rx.due_initial + self.rx.due_ctrl + self.rx.due_data
+        self.rx.due_initial + self.rx.due_ctrl + self.data_reposts_due()
+    }
+
+    /// Data receives to re-post now: none until a batch is due
+    /// ([`repost_batch`](Self::repost_batch)), then all, so most messages received cost no
+    /// post (nor a look by the shell's pump) and the receives that go back share one call.
+    /// While some are withheld (the application holds its receive budget) every one that may
+    /// go, goes at once.
+    ///
+    /// Never a deadlock: while nothing is withheld, every data receive but the `due_data`
+    /// waiting here is on the device, so at least `recv_credits - batch + 1` (one or more, as
+    /// the batch is at most `recv_credits`) stay posted for the peer, whose credits return
+    /// as soon as the chunks it sends into them complete the batch.
+    fn data_reposts_due(&self) -> u32 {
+        if self.rx.due_data >= self.repost_batch() || self.rx.withheld > 0 {
+            self.rx.due_data
+        } else {
+            0
+        }
+    }
+
+    /// Data receives re-posted together: a quarter of `recv_credits`, 1 to 16 (16 credits,
+    /// the default: 4).
+    pub(super) fn repost_batch(&self) -> u32 {
+        (self.cfg.recv_credits / 4).clamp(1, 16)
     }
 
     /// `n` receives (at most [`recvs_to_post`](Self::recvs_to_post)) were posted.
@@ -182,11 +209,13 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         self.rx.held_bufs < self.cfg.recv_credits && self.rx.held_bytes < self.cfg.recv_budget
     }
 
-    /// A data receive completed: re-post it now if the budget allows, else later.
+    /// A data receive completed: re-post it (with its batch) if the budget allows, else later.
     fn repost_data(&mut self) {
         if self.may_repost() {
             self.rx.due_data += 1;
-            self.kick();
+            if self.data_reposts_due() > 0 {
+                self.kick();
+            }
         } else {
             self.rx.withheld += 1;
             self.counters.reposts_withheld += 1;

@@ -546,7 +546,8 @@ impl Sim {
 fn random_interleavings_deliver_exactly_the_committed_messages() {
     let mut totals = (0u64, 0u64, 0u64, 0u64, 0u64);
     for seed in 0..200u64 {
-        let credits = 2 + (seed % 7) as u32;
+        // Small windows (a receive batch of 1) and larger ones (batches of 2 to 5).
+        let credits = [2u32, 3, 4, 5, 6, 8, 12, 16, 21][(seed % 9) as usize];
         let chunk = [64u32, 100, 256][(seed % 3) as usize];
         // Every fourth run starts with fewer credits than the depth and grants the rest
         // piecemeal, as a connection on a shared receive queue does.
@@ -867,4 +868,49 @@ fn an_opening_side_holds_its_control_messages_until_established() {
     );
     sim.drain();
     assert_eq!(sim.sides[1].delivered, sim.sides[0].committed);
+}
+
+#[test]
+fn data_receives_go_back_in_batches_and_never_run_out() {
+    // 16 credits: a batch of 4. Control receives are not batched.
+    let mut p = hostile(config(16, 64));
+    assert_eq!(p.repost_batch(), 4);
+    let waker = std::task::Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    for round in 0..3 {
+        for k in 1..=4u32 {
+            p.handle_recv(Ok((8, imm(MsgKind::Last, 0))), vec![0u8; 8]);
+            let Poll::Ready(Ok(Some(d))) = p.poll_recv(&mut cx) else {
+                panic!("message {k} of round {round}");
+            };
+            p.consumed(d.holds_buffer(), d.len());
+            // What the shell's pump takes after every change.
+            let _ = (
+                p.take_driver_kick(),
+                p.take_deadline_moved(),
+                p.take_wakers(),
+            );
+            let due = p.recvs_to_post();
+            if k < 4 {
+                assert_eq!(due, 0, "round {round}: {k} received, batch not complete");
+                assert!(p.settled(), "round {round}: nothing for the shell to do");
+            } else {
+                assert_eq!(due, 4, "round {round}: the batch goes back at once");
+                p.recvs_posted(due);
+                // Their credits return on the next message out (as a reply's would).
+                assert_eq!(p.credits.take_owed(), 4);
+            }
+        }
+    }
+    // A control message's receive goes back at once, without the data receives due.
+    p.handle_recv(Ok((8, imm(MsgKind::Last, 0))), vec![0u8; 8]);
+    let Poll::Ready(Ok(Some(d))) = p.poll_recv(&mut cx) else {
+        panic!("a message");
+    };
+    p.consumed(d.holds_buffer(), d.len());
+    p.handle_recv(Ok((0, imm(MsgKind::Credit, 0))), Vec::new());
+    assert_eq!(p.recvs_to_post(), 1, "the control receive only");
+    // One credit: every receive goes back at once.
+    let p = hostile(config(1, 64));
+    assert_eq!(p.repost_batch(), 1);
 }
