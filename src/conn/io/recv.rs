@@ -50,10 +50,12 @@ impl ConnIo {
             // moves to `recvs` (untouched) until its completion; those a failed call did not
             // post (from its bad index on) never reached the device and go back to the pool.
             let res = unsafe { self.qp.post_recv(&wrs[..got]) };
+            // Posted: all, or those before the failed call's bad index. Any other error
+            // (`post_recv` reports none) counts as all posted: a buffer the device may still
+            // write stays in `recvs` (given back at teardown) rather than going to the pool.
             let ok = match &res {
-                Ok(()) => got,
                 Err(crate::Error::PostRecv { bad_index, .. }) => (*bad_index).min(got),
-                Err(_) => 0,
+                Ok(()) | Err(_) => got,
             };
             for buf in bufs.iter_mut().take(ok) {
                 s.recvs.push_back(buf.take());
