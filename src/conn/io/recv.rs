@@ -1,7 +1,6 @@
 //! Receives on the connection's own queue pair, from its private pool.
 
 use super::{ConnIo, ConnState, next_recv_seq};
-use crate::buf::PoolBuf;
 use crate::verbs::{RecvWr, Sge};
 
 /// Receives posted by one `ibv_post_recv` call at most: the state machine hands data receives
@@ -25,8 +24,10 @@ impl ConnIo {
         let mut posted = 0;
         while posted < want {
             let n = ((want - posted) as usize).min(CHAIN);
-            let mut bufs: [Option<PoolBuf>; CHAIN] = Default::default();
             let mut sges = [Sge::ZERO; CHAIN];
+            // The batch's buffers join `recvs` (in posting order) before the call; those it
+            // does not post leave again below.
+            let base = s.recvs.len();
             let mut got = 0;
             while got < n {
                 let Ok(Some(buf)) = self.pool.try_acquire(self.recv_size) else {
@@ -34,7 +35,7 @@ impl ConnIo {
                     break;
                 };
                 sges[got] = buf.sge(0..buf.capacity());
-                bufs[got] = Some(buf);
+                s.recvs.push_back(Some(buf));
                 got += 1;
             }
             if got == 0 {
@@ -46,9 +47,8 @@ impl ConnIo {
                 *wr = RecvWr::new(self.wr_base | u64::from(seq), std::slice::from_ref(sge));
                 seq = next_recv_seq(seq);
             }
-            // SAFETY: every buffer is registered in this queue pair's protection domain and
-            // moves to `recvs` (untouched) until its completion; those a failed call did not
-            // post (from its bad index on) never reached the device and go back to the pool.
+            // SAFETY: each buffer is ours alone (just taken from the pool), registered in this
+            // PD, and kept untouched in `recvs` until its completion if posted (`ok` below).
             let res = unsafe { self.qp.post_recv(&wrs[..got]) };
             // Posted: all, or those before the failed call's bad index. Any other error
             // (`post_recv` reports none) counts as all posted: a buffer the device may still
@@ -57,8 +57,11 @@ impl ConnIo {
                 Err(crate::Error::PostRecv { bad_index, .. }) => (*bad_index).min(got),
                 Ok(()) | Err(_) => got,
             };
-            for buf in bufs.iter_mut().take(ok) {
-                s.recvs.push_back(buf.take());
+            // `next_recv` is the number after the last of `recvs` (completions find their
+            // buffer by it): it advances by what was posted; the rest, never on the device,
+            // leave `recvs` for the pool.
+            s.recvs.truncate(base + ok);
+            for _ in 0..ok {
                 s.next_recv = next_recv_seq(s.next_recv);
             }
             posted += ok as u32;

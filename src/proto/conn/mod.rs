@@ -53,6 +53,8 @@ mod eos;
 mod keepalive_tests;
 mod rdv_state;
 mod recv;
+#[cfg(test)]
+mod recv_tests;
 mod rendezvous;
 mod rx;
 #[cfg(test)]
