@@ -14,7 +14,7 @@ use common::{
 use tokio_rdma::buf::RemoteToken;
 use tokio_rdma::driver::CompletionMode;
 use tokio_rdma::ops::BufList;
-use tokio_rdma::owned::{OwnedQp, OwnedQpOptions};
+use tokio_rdma::owned::{MAX_BATCH, OwnedQp, OwnedQpOptions};
 use tokio_rdma::verbs::{AccessFlags, ProtectionDomain, RegisteredBuffer};
 use tokio_rdma::{Error, InvalidArgument, QpFailure, WcStatus};
 
@@ -27,12 +27,16 @@ struct Pair {
 }
 
 fn pair(mode: CompletionMode) -> Pair {
+    pair_with(mode, 8)
+}
+
+fn pair_with(mode: CompletionMode, depth: u32) -> Pair {
     let (ctx, _port) = open_device();
     let pd = ProtectionDomain::new(&ctx).expect("pd");
     let mut opts = OwnedQpOptions::default();
     opts.mode = mode;
-    opts.caps.max_send_wr = 8;
-    opts.caps.max_recv_wr = 8;
+    opts.caps.max_send_wr = depth;
+    opts.caps.max_recv_wr = depth;
     let a = Qp::new(&pd, opts).expect("qp a");
     let b = Qp::new(&pd, opts).expect("qp b");
     connect_qps(&ctx, a.verbs(), b.verbs(), all_access());
@@ -404,4 +408,165 @@ fn a_queue_pair_outliving_its_runtime_still_completes() {
         assert_eq!(target.to_vec(), vec![9; 64]);
     });
     drop((a, b));
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn batches_post_with_one_completion_and_hand_every_request_back_in_order() {
+    const LEN: usize = 64;
+    for mode in modes() {
+        let Pair { pd, mut a, mut b } = pair_with(mode, 2 * MAX_BATCH as u32);
+        let target = RegisteredBuffer::new(&pd, MAX_BATCH * LEN, all_access()).unwrap();
+        let remote = token(&target);
+        // Many full batches of writes, each to its own slot of the target; every buffer comes
+        // back, in posting order, with the ticket it was posted with.
+        for round in 0..20u8 {
+            let mut batch = a.batch();
+            let mut tickets = Vec::new();
+            for k in 0..MAX_BATCH {
+                let src = reg_with(
+                    &pd,
+                    &pattern(LEN, round ^ k as u8),
+                    AccessFlags::LOCAL_WRITE,
+                );
+                let to = remote
+                    .slice((k * LEN) as u64..((k + 1) * LEN) as u64)
+                    .unwrap();
+                tickets.push(batch.write(src, to, None).map_err(|(e, _)| e).unwrap());
+            }
+            // One more is refused, with its buffer.
+            let extra = reg_with(&pd, &[9; LEN], AccessFlags::LOCAL_WRITE);
+            let (e, extra) = batch.write(extra, remote, None).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidArgument(InvalidArgument::BatchFull { max: MAX_BATCH })
+                ),
+                "{e}"
+            );
+            assert_eq!(extra.len(), LEN);
+            assert_eq!(batch.len(), MAX_BATCH);
+            batch.post().map_err(|(e, _)| e).unwrap();
+            assert_eq!(a.in_flight(), MAX_BATCH as u32);
+            for (k, want) in tickets.into_iter().enumerate() {
+                let (t, res, buf) = within(60, "batch completion", a.next_completion())
+                    .await
+                    .expect("in flight");
+                assert_eq!(
+                    t, want,
+                    "{mode:?}: request {k} of round {round} out of order"
+                );
+                res.unwrap();
+                assert_eq!(buf.to_vec(), pattern(LEN, round ^ k as u8));
+            }
+            assert!(a.try_next_completion().is_none());
+            assert_eq!(a.in_flight(), 0);
+            for k in 0..MAX_BATCH {
+                let got = &target.to_vec()[k * LEN..(k + 1) * LEN];
+                assert_eq!(got, pattern(LEN, round ^ k as u8), "{mode:?}: slot {k}");
+            }
+        }
+        // Sends with immediate data in one batch arrive in order; a ticket of the batch is
+        // waited for like any other (the batch's last completion covers it).
+        let mut rx = Vec::new();
+        for _ in 0..4 {
+            let buf = RegisteredBuffer::new(&pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
+            rx.push(b.post_recv(buf).map_err(|(e, _)| e).unwrap());
+        }
+        let mut batch = a.batch();
+        let mut sent = Vec::new();
+        for k in 0..4u8 {
+            let tx = reg_with(&pd, &pattern(LEN, 100 + k), AccessFlags::LOCAL_WRITE);
+            sent.push(
+                batch
+                    .send(tx, Some(u32::from(k)))
+                    .map_err(|(e, _)| e)
+                    .unwrap(),
+            );
+        }
+        drop(batch); // posts it
+        let (res, _) = within(60, "first send of a batch", a.wait(sent.remove(0)).unwrap()).await;
+        res.unwrap();
+        for (k, t) in rx.into_iter().enumerate() {
+            let (res, buf) = within(60, "batch receive", b.wait(t).unwrap()).await;
+            let got = res.unwrap();
+            assert_eq!((got.len, got.imm), (LEN, Some(k as u32)), "{mode:?}");
+            assert_eq!(buf.to_vec(), pattern(LEN, 100 + k as u8));
+        }
+        for t in sent {
+            within(60, "batch send", a.wait(t).unwrap())
+                .await
+                .0
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_failing_request_of_a_batch_fails_alone_and_flushes_the_rest() {
+    let Pair { pd, mut a, b: _b } = pair(CompletionMode::default());
+    let target = RegisteredBuffer::new(&pd, 48, all_access()).unwrap();
+    let remote = token(&target);
+    let bad = RemoteToken::new(target.addr(), 48, target.rkey() ^ 0x55);
+    // A batch deeper than the send queue is refused at the request that does not fit.
+    let mut batch = a.batch();
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let src = reg_with(&pd, &[1; 16], AccessFlags::LOCAL_WRITE);
+        held.push(batch.write(src, remote, None).map_err(|(e, _)| e).unwrap());
+    }
+    let (e, _) = batch
+        .write(
+            reg_with(&pd, &[1; 16], AccessFlags::LOCAL_WRITE),
+            remote,
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument(InvalidArgument::SendQueueFull { depth: 8 })
+        ),
+        "{e}"
+    );
+    batch.post().map_err(|(e, _)| e).unwrap();
+    for t in held {
+        within(60, "write", a.wait(t).unwrap()).await.0.unwrap();
+    }
+    // The first write lands, the second has a wrong rkey, the third is flushed: the first
+    // reports success (the failure's completion comes after it), the others the failure.
+    let mut batch = a.batch();
+    let mut t = Vec::new();
+    for (k, to) in [
+        remote.slice(0..16).unwrap(),
+        bad,
+        remote.slice(32..48).unwrap(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let src = reg_with(&pd, &[7 + k as u8; 16], AccessFlags::LOCAL_WRITE);
+        t.push(batch.write(src, to, None).map_err(|(e, _)| e).unwrap());
+    }
+    batch.post().map_err(|(e, _)| e).unwrap();
+    let mut results = Vec::new();
+    for ticket in t {
+        results.push(within(60, "batch outcome", a.wait(ticket).unwrap()).await.0);
+    }
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    for r in &results[1..] {
+        assert!(
+            matches!(
+                r,
+                Err(Error::QpFailed(QpFailure::WorkCompletion {
+                    status: WcStatus::RemAccessErr,
+                    ..
+                }))
+            ),
+            "{r:?}"
+        );
+    }
+    assert_eq!(&target.to_vec()[..16], &[7; 16]);
+    assert_eq!(a.in_flight(), 0);
 }

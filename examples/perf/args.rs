@@ -468,8 +468,8 @@ struct Cli {
     #[arg(long, value_name = "on|off", value_parser = parse_on_off,
           help_heading = "Client options")]
     coalesce: Option<bool>,
-    /// async: the tokio-rdma driver; owned: the same latency loops on an OwnedQp (one task, a
-    /// CQ of its own); verbs: the same loop on the crate's verbs layer (post + busy-poll the
+    /// async: the tokio-rdma driver; owned: the same queue-pair loops (latency and bandwidth,
+    /// one queue pair) on an OwnedQp (one task, a CQ of its own); verbs: the same loop on the crate's verbs layer (post + busy-poll the
     /// CQ, no driver), a baseline
     #[arg(long, value_name = "E", default_value = "async", value_parser = ["async", "owned", "verbs"],
           help_heading = "Client options")]
@@ -636,8 +636,11 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
             if cfg.zero_copy && !test.is_msg() {
                 return bad("--zero-copy applies to the msg_* tests");
             }
-            if (verbs || owned) && (!test.is_lat() || test.is_msg()) {
-                return bad("--engine verbs and owned exist for the queue-pair latency tests only");
+            if verbs && (!test.is_lat() || test.is_msg()) {
+                return bad("--engine verbs exists for the queue-pair latency tests only");
+            }
+            if owned && (test.is_msg() || cli.qps != 1) {
+                return bad("--engine owned runs the queue-pair tests on one queue pair");
             }
             if test.is_msg() && cli.qps != 1 {
                 return bad("msg_* tests use one connection");
@@ -726,6 +729,9 @@ mod tests {
         };
         assert!(cfg.test.is_lat() && cfg.test.is_msg() && cfg.depth == 1);
         assert!(parse_from(argv("--client h --test msg_lat --engine verbs")).is_err());
+        assert!(parse_from(argv("--client h --test write_bw --engine owned")).is_ok());
+        assert!(parse_from(argv("--client h --test write_bw --engine owned --qps 2")).is_err());
+        assert!(parse_from(argv("--client h --test msg_rate --engine owned")).is_err());
         let a = parse_from(argv("cpu-of --mark #bytes -- stdbuf -oL ib_send_lat -e")).unwrap();
         let Role::CpuOf { mark, cmd } = a.role else {
             panic!()

@@ -14,7 +14,7 @@ use crate::report::{CaseResult, StatsDelta, cpu_time, hw_counters, hw_delta};
 use crate::setup::{Chunk, Ctrl, Res, Side, chunks};
 
 /// Registered bytes a bandwidth test may use for distinct slots per queue pair.
-const SLOT_BYTES: usize = 64 << 20;
+pub(crate) const SLOT_BYTES: usize = 64 << 20;
 
 /// Yields to the scheduler once by waking itself (no I/O-driver poll, unlike
 /// `tokio::task::yield_now`), so the completion task runs between two polls of memory.
@@ -125,6 +125,8 @@ pub async fn client_case(
         let all = crate::verbs_engine::client(side, cfg, size, &mut mark)?;
         samples.extend_from_slice(&all[cfg.warmup..]);
         cfg.iters as u64
+    } else if cfg.owned && !cfg.test.is_lat() {
+        crate::owned_engine::bw_client(side, cfg, size, &mut samples, &mut mark).await?
     } else if cfg.owned {
         let all = crate::owned_engine::client(side, cfg, size, &mut mark).await?;
         samples.extend_from_slice(&all[cfg.warmup..]);

@@ -680,6 +680,16 @@ pub enum InvalidArgument {
         /// The queue pair's slots.
         slots: u32,
     },
+    /// A request added to an [`OwnedQp`](crate::owned::OwnedQp) batch that already holds its
+    /// maximum.
+    ///
+    /// What to do: post the batch ([`Batch::post`](crate::owned::Batch::post)) and start
+    /// another.
+    #[error("the batch already holds {max} requests")]
+    BatchFull {
+        /// The most requests a batch holds.
+        max: usize,
+    },
     /// A [`Ticket`](crate::owned::Ticket) given to another queue pair than the one that issued
     /// it, or one whose completion was already taken.
     #[error("the ticket is not one of this queue pair's requests waiting to be taken")]

@@ -47,6 +47,7 @@
 //! ```
 
 mod atomic;
+mod batch;
 mod ring;
 mod wait;
 
@@ -59,6 +60,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
 pub use self::atomic::AtomicWait;
+pub use self::batch::{Batch, MAX_BATCH};
 pub use self::ring::{Completed, Ticket};
 use self::ring::{Kind, Ring};
 use self::wait::{CqWait, Flushes};
@@ -139,6 +141,12 @@ pub struct OwnedQp<B: SgSource + SgTarget> {
     cq: CqWait,
     caps: QpCaps,
     inline: bool,
+    /// The requests of the [`Batch`] being filled (empty between batches; room for
+    /// [`MAX_BATCH`], allocated once).
+    batch: Vec<batch::Item>,
+    /// The scatter/gather entries of the batch's requests (room for [`MAX_BATCH`] requests of
+    /// `caps.max_send_sge` entries, allocated once).
+    batch_sges: Vec<Sge>,
 }
 
 impl<B: SgSource + SgTarget> OwnedQp<B> {
@@ -188,6 +196,8 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
             cq,
             caps,
             inline: opts.inline,
+            batch: Vec::with_capacity(MAX_BATCH),
+            batch_sges: Vec::with_capacity(MAX_BATCH * caps.max_send_sge as usize),
         })
     }
 
@@ -221,11 +231,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     /// ([`InvalidArgument::UncollectedCompletions`]), a buffer without an lkey or with too
     /// many segments, or [`Error::PostSend`].
     pub fn post_send(&mut self, buf: B, imm: Option<u32>) -> Result<Ticket, (Error, B)> {
-        let op = match imm {
-            Some(imm) => SendOp::SendWithImm(imm),
-            None => SendOp::Send,
-        };
-        self.post_source(buf, |_| Ok(op))
+        self.post_source(buf, send_op(imm))
     }
 
     /// Posts an RDMA WRITE of `buf`'s initialised bytes to the start of `remote` (with
@@ -241,18 +247,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         remote: RemoteToken,
         imm: Option<u32>,
     ) -> Result<Ticket, (Error, B)> {
-        self.post_source(buf, |len| {
-            let remote_addr = remote.check(0, len)?;
-            let rkey = remote.rkey();
-            Ok(match imm {
-                Some(imm) => SendOp::WriteWithImm {
-                    remote_addr,
-                    rkey,
-                    imm,
-                },
-                None => SendOp::Write { remote_addr, rkey },
-            })
-        })
+        self.post_source(buf, write_op(remote, imm))
     }
 
     /// Posts an RDMA READ of `remote`'s first `buf.bytes_total()` bytes into `buf` (the whole
@@ -301,24 +296,35 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         }
     }
 
+    #[inline]
     fn post_source(
         &mut self,
         buf: B,
         op: impl FnOnce(u64) -> Result<SendOp>,
     ) -> Result<Ticket, (Error, B)> {
-        let sges = match source_sges(&buf, self.caps.max_send_sge) {
-            Ok(s) => s,
+        let (sges, op, inline) = match self.source_request(&buf, op) {
+            Ok(r) => r,
             Err(e) => return Err((e, buf)),
         };
-        let total = total_len(sges.as_slice());
-        let op = match op(total) {
-            Ok(op) => op,
-            Err(e) => return Err((e, buf)),
-        };
-        let inline = self.inline && total > 0 && total <= u64::from(self.caps.max_inline_data);
         self.post_send_wr(buf, Kind::Source, op, sges.as_slice(), inline)
     }
 
+    /// The entries, operation and inline flag of a request reading `buf` (a send or a write),
+    /// checked against this queue pair's limits; `op` gets the request's length.
+    #[inline]
+    fn source_request(
+        &self,
+        buf: &B,
+        op: impl FnOnce(u64) -> Result<SendOp>,
+    ) -> Result<(Sges, SendOp, bool)> {
+        let sges = source_sges(buf, self.caps.max_send_sge)?;
+        let total = total_len(sges.as_slice());
+        let op = op(total)?;
+        let inline = self.inline && total > 0 && total <= u64::from(self.caps.max_inline_data);
+        Ok((sges, op, inline))
+    }
+
+    #[inline]
     fn post_send_wr(
         &mut self,
         buf: B,
@@ -414,6 +420,39 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     pub fn next_completion(&mut self) -> Next<'_, B> {
         self.cq.begin_wait();
         Next { qp: self }
+    }
+
+    /// Takes the oldest completed request not taken yet without waiting: if none is, polls
+    /// the completion queue once (one `ibv_poll_cq`) and looks again. `None`: nothing has
+    /// completed yet. A loop that keeps many requests in flight takes, after each wait, every
+    /// completion already there, and posts their successors together (see [`Batch`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::owned::OwnedQp;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
+    /// # async fn demo(qp: &mut OwnedQp<RegisteredBuffer>) -> tokio_rdma::Result<()> {
+    /// let mut free = Vec::new();
+    /// if let Some((_ticket, res, buf)) = qp.next_completion().await {
+    ///     res?;
+    ///     free.push(buf);
+    ///     while let Some((_ticket, res, buf)) = qp.try_next_completion() {
+    ///         res?;
+    ///         free.push(buf);
+    ///     }
+    /// }
+    /// // Post the next requests of `free`'s buffers in one batch.
+    /// # Ok(()) }
+    /// ```
+    pub fn try_next_completion(&mut self) -> Option<(Ticket, Result<Completed>, B)> {
+        if let Some(done) = take_next_filled(&mut self.ring) {
+            return Some(done);
+        }
+        if self.ring.in_flight() == 0 || self.cq.poll_once(&mut self.ring) == 0 {
+            return None;
+        }
+        take_next_filled(&mut self.ring)
     }
 
     /// Sends `buf` and waits for the send's completion (see [`post_send`](Self::post_send)
@@ -516,6 +555,34 @@ impl<B: SgSource + SgTarget> std::fmt::Debug for Next<'_, B> {
         f.debug_struct("Next")
             .field("qpn", &self.qp.qp.qpn())
             .finish()
+    }
+}
+
+/// The operation of an RDMA WRITE of `len` bytes to the start of `remote`, checked against it.
+#[inline]
+fn write_op(remote: RemoteToken, imm: Option<u32>) -> impl FnOnce(u64) -> Result<SendOp> {
+    move |len| {
+        let remote_addr = remote.check(0, len)?;
+        let rkey = remote.rkey();
+        Ok(match imm {
+            Some(imm) => SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+            None => SendOp::Write { remote_addr, rkey },
+        })
+    }
+}
+
+/// The operation of a send (with immediate data if `imm` is given).
+#[inline]
+fn send_op(imm: Option<u32>) -> impl FnOnce(u64) -> Result<SendOp> {
+    move |_| {
+        Ok(match imm {
+            Some(imm) => SendOp::SendWithImm(imm),
+            None => SendOp::Send,
+        })
     }
 }
 
@@ -643,17 +710,23 @@ impl<B: SgSource + SgTarget> Future for Next<'_, B> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        this.qp.poll_until(cx, |ring| match ring.take_next() {
-            Some((t, (res, mut buf, fills))) => {
-                if let (Ok(c), true) = (&res, fills) {
-                    buf.set_filled(c.len);
-                }
-                Some(Some((t, res, buf)))
-            }
+        this.qp.poll_until(cx, |ring| match take_next_filled(ring) {
+            Some(done) => Some(Some(done)),
             None if ring.in_flight() == 0 => Some(None),
             None => None,
         })
     }
+}
+
+/// The oldest completed request not taken yet, its buffer's initialised length set to what the
+/// device wrote into it.
+#[inline]
+fn take_next_filled<B: SgTarget>(ring: &mut Ring<B>) -> Option<(Ticket, Result<Completed>, B)> {
+    let (t, (res, mut buf, fills)) = ring.take_next()?;
+    if let (Ok(c), true) = (&res, fills) {
+        buf.set_filled(c.len);
+    }
+    Some((t, res, buf))
 }
 
 impl<B: SgSource + SgTarget> Drop for OwnedQp<B> {

@@ -67,6 +67,15 @@ pub(super) struct Outcome {
 }
 
 impl Outcome {
+    /// The success of a request that asked for no completion of its own.
+    pub(super) const SUCCESS: Outcome = Outcome {
+        status: WcStatus::Success,
+        vendor_err: 0,
+        len: 0,
+        imm: None,
+        write_imm: false,
+    };
+
     /// A successful completion of `len` bytes.
     #[cfg(test)]
     pub(super) fn ok(len: u32) -> Outcome {
@@ -103,6 +112,14 @@ struct Slot<B> {
     /// Neighbours in the ring's list of completed slots, once `Done` ([`NONE`] at an end).
     prev: u32,
     next: u32,
+    /// While posted, a batch's signaled last request: the oldest of the batch's unsignaled
+    /// requests, which this one's completion also completes, with its generation ([`NONE`]:
+    /// none).
+    cover: (u32, u64),
+    /// While posted, an unsignaled request of a batch: the next one of the batch ([`NONE`]:
+    /// none; the last one's completion covers them all). Not followed from this request's own
+    /// completion (an error or a flush): the ones after it are flushed and complete on their own.
+    batch_next: (u32, u64),
     buf: Option<B>,
 }
 
@@ -159,6 +176,8 @@ impl<B> Ring<B> {
                     },
                     prev: NONE,
                     next: NONE,
+                    cover: (NONE, 0),
+                    batch_next: (NONE, 0),
                     buf: None,
                 })
                 .collect(),
@@ -174,6 +193,11 @@ impl<B> Ring<B> {
         }
     }
 
+    /// The ring's id, which its tickets carry.
+    pub(super) fn owner(&self) -> u64 {
+        self.owner
+    }
+
     /// Requests posted and not completed yet (the device may still use their buffers).
     pub(super) fn in_flight(&self) -> u32 {
         self.sends + self.recvs
@@ -182,31 +206,24 @@ impl<B> Ring<B> {
     /// Takes a slot for a request of `kind` and gives it the buffer. Returns the `wr_id` to
     /// post it with, or the error and the buffer if its queue is full or every slot holds a
     /// completion not taken yet.
+    #[inline]
     pub(super) fn post(&mut self, kind: Kind, buf: B) -> Result<(u64, Ticket), (Error, B)> {
         let send = kind.send_queue();
-        let full = if send {
-            (self.sends >= self.max_send).then_some(InvalidArgument::SendQueueFull {
-                depth: self.max_send,
-            })
+        let room = if send {
+            self.sends < self.max_send
         } else {
-            (self.recvs >= self.max_recv).then_some(InvalidArgument::RecvQueueFull {
-                depth: self.max_recv,
-            })
+            self.recvs < self.max_recv
         };
-        if let Some(e) = full {
-            return Err((Error::InvalidArgument(e), buf));
-        }
-        let Some(i) = self.free.pop() else {
-            let slots = self.slots.len() as u32;
-            return Err((
-                Error::InvalidArgument(InvalidArgument::UncollectedCompletions { slots }),
-                buf,
-            ));
+        let free = if room { self.free.pop() } else { None };
+        let Some(i) = free else {
+            return Err((self.refusal(send, room), buf));
         };
         let slot = &mut self.slots[i as usize];
         slot.generation += 1;
         slot.kind = kind;
         slot.state = State::Posted { detached: false };
+        slot.cover = (NONE, 0);
+        slot.batch_next = (NONE, 0);
         slot.buf = Some(buf);
         if send {
             self.sends += 1;
@@ -219,6 +236,23 @@ impl<B> Ring<B> {
             generation: slot.generation,
         };
         Ok((wr_id(i, slot.generation), ticket))
+    }
+
+    /// Why [`post`](Self::post) refused a request: its queue is full, or (with `room`) every
+    /// slot holds a completion not taken yet.
+    #[cold]
+    fn refusal(&self, send: bool, room: bool) -> Error {
+        Error::InvalidArgument(match (room, send) {
+            (false, true) => InvalidArgument::SendQueueFull {
+                depth: self.max_send,
+            },
+            (false, false) => InvalidArgument::RecvQueueFull {
+                depth: self.max_recv,
+            },
+            (true, _) => InvalidArgument::UncollectedCompletions {
+                slots: self.slots.len() as u32,
+            },
+        })
     }
 
     /// The request of `ticket` never reached the device (its post failed): frees its slot and
@@ -257,15 +291,52 @@ impl<B> Ring<B> {
             });
         }
         let (i, generation) = split(wr_id);
-        let Some(slot) = self.slots.get_mut(i as usize) else {
+        let Some(slot) = self.slots.get(i as usize) else {
             return false;
         };
-        let State::Posted { detached } = slot.state else {
-            return false;
-        };
-        if slot.generation as u32 != generation {
+        if !matches!(slot.state, State::Posted { .. }) || slot.generation as u32 != generation {
             return false;
         }
+        // A send queue completes its requests in order: the unsignaled ones posted before
+        // this one (its batch) are done too, and succeeded (a failed or flushed request gets
+        // a completion of its own, signaled or not, and has left the chain by then).
+        let mut cover = slot.cover;
+        while cover.0 != NONE {
+            let c = &self.slots[cover.0 as usize];
+            if !matches!(c.state, State::Posted { .. }) || c.generation != cover.1 {
+                break;
+            }
+            let next = c.batch_next;
+            self.apply(cover.0, Outcome::SUCCESS);
+            cover = next;
+        }
+        self.apply(i, outcome);
+        true
+    }
+
+    /// Links the requests of a batch, posted unsignaled but for the last, oldest first: the
+    /// last one's completion completes the others ([`complete`](Self::complete)).
+    pub(super) fn link_batch(&mut self, batch: &[(u32, u64)]) {
+        let Some((&(last, _), rest)) = batch.split_last() else {
+            return;
+        };
+        let mut newer = NONE;
+        let mut newer_gen = 0;
+        for &(i, generation) in rest.iter().rev() {
+            self.slots[i as usize].batch_next = (newer, newer_gen);
+            (newer, newer_gen) = (i, generation);
+        }
+        self.slots[last as usize].cover = (newer, newer_gen);
+    }
+
+    /// Applies a completion to the posted slot `i`.
+    fn apply(&mut self, i: u32, outcome: Outcome) {
+        let slot = &mut self.slots[i as usize];
+        let State::Posted { detached } = slot.state else {
+            unreachable!("a completion applied to a slot that is not posted");
+        };
+        slot.cover = (NONE, 0);
+        slot.batch_next = (NONE, 0);
         let send = slot.kind.send_queue();
         if detached {
             slot.state = State::Free;
@@ -273,7 +344,7 @@ impl<B> Ring<B> {
             self.free.push(i);
             self.count_done(send);
             self.released.extend(buf);
-            return true;
+            return;
         }
         slot.state = State::Done;
         slot.outcome = outcome;
@@ -285,7 +356,6 @@ impl<B> Ring<B> {
         }
         self.tail = i;
         self.count_done(send);
-        true
     }
 
     /// Takes the outcome of `ticket`'s request if it has completed. The ticket must be one
@@ -300,6 +370,7 @@ impl<B> Ring<B> {
     }
 
     /// Takes the oldest completed request not taken yet.
+    #[inline]
     pub(super) fn take_next(&mut self) -> Option<(Ticket, Taken<B>)> {
         let i = self.head;
         if i == NONE {
@@ -321,6 +392,7 @@ impl<B> Ring<B> {
         }
     }
 
+    #[inline]
     fn free_done(&mut self, i: u32) -> Taken<B> {
         let slot = &mut self.slots[i as usize];
         debug_assert!(matches!(slot.state, State::Done));
@@ -344,27 +416,37 @@ impl<B> Ring<B> {
     /// define a completion's byte count and immediate for receives only, and a provider may
     /// leave them stale in others), or the failure; a flush reports the failure that moved the
     /// queue pair to the error state, if one was seen.
+    #[inline]
     fn result(&self, o: Outcome, kind: Kind) -> Result<Completed, Error> {
+        if o.status != WcStatus::Success {
+            return Err(self.failed(o));
+        }
+        Ok(match kind {
+            Kind::Source => Completed { len: 0, imm: None },
+            Kind::Read(len) => Completed {
+                len: len as usize,
+                imm: None,
+            },
+            Kind::Atomic => Completed { len: 8, imm: None },
+            Kind::Recv => Completed {
+                len: if o.write_imm { 0 } else { o.len as usize },
+                imm: o.imm,
+            },
+        })
+    }
+
+    /// The error of a failed completion: a flush reports the failure that moved the queue pair
+    /// to the error state, if one was seen.
+    #[cold]
+    fn failed(&self, o: Outcome) -> Error {
         match o.status {
-            WcStatus::Success => Ok(match kind {
-                Kind::Source => Completed { len: 0, imm: None },
-                Kind::Read(len) => Completed {
-                    len: len as usize,
-                    imm: None,
-                },
-                Kind::Atomic => Completed { len: 8, imm: None },
-                Kind::Recv => Completed {
-                    len: if o.write_imm { 0 } else { o.len as usize },
-                    imm: o.imm,
-                },
-            }),
-            WcStatus::WrFlushErr => Err(Error::QpFailed(
-                self.failure.clone().unwrap_or(QpFailure::Flushed),
-            )),
-            status => Err(Error::QpFailed(QpFailure::WorkCompletion {
+            WcStatus::WrFlushErr => {
+                Error::QpFailed(self.failure.clone().unwrap_or(QpFailure::Flushed))
+            }
+            status => Error::QpFailed(QpFailure::WorkCompletion {
                 status,
                 vendor_err: o.vendor_err,
-            })),
+            }),
         }
     }
 

@@ -394,3 +394,110 @@ fn randomized_interleavings_never_misroute_or_lose_a_buffer() {
         assert_eq!(r.free.len(), r.slots.len());
     }
 }
+
+/// Posts a batch of sends (buffers `first..first + n`), linked as `Batch::post` links them.
+fn post_batch(r: &mut Ring<u32>, first: u32, n: u32) -> Vec<(u64, Ticket)> {
+    let posted: Vec<(u64, Ticket)> = (first..first + n)
+        .map(|b| r.post(Kind::Source, b).unwrap())
+        .collect();
+    let linked: Vec<(u32, u64)> = posted.iter().map(|(_, t)| (t.slot, t.generation)).collect();
+    r.link_batch(&linked);
+    posted
+}
+
+#[test]
+fn a_batch_completes_with_its_last_request_oldest_first() {
+    let mut r: Ring<u32> = Ring::new(4, 0);
+    let batch = post_batch(&mut r, 0, 3);
+    assert_eq!(r.in_flight(), 3);
+    // Only the last asked for a completion: it completes all three, oldest first.
+    assert!(r.complete(batch[2].0, ok(0)));
+    assert_eq!(r.in_flight(), 0);
+    for want in 0..3 {
+        let (_, (res, buf, _)) = r.take_next().unwrap();
+        assert_eq!((res.unwrap().len, buf), (0, want));
+    }
+    assert!(r.take_next().is_none());
+    // A batch of one is a plain signaled request.
+    let one = post_batch(&mut r, 9, 1);
+    assert!(r.complete(one[0].0, ok(0)));
+    assert_eq!(r.take_next().unwrap().1.1, 9);
+}
+
+#[test]
+fn a_failed_request_of_a_batch_completes_alone_and_the_others_as_the_device_says() {
+    let fail = |status| Outcome {
+        status,
+        vendor_err: 0,
+        len: 0,
+        imm: None,
+        write_imm: false,
+    };
+    let mut r: Ring<u32> = Ring::new(4, 0);
+    let b = post_batch(&mut r, 0, 3);
+    // The middle one fails: its completion is its own (the one before it is not done yet,
+    // as far as the ring knows, and the one after it is flushed on its own).
+    assert!(r.complete(b[1].0, fail(WcStatus::RemAccessErr)));
+    assert_eq!(r.in_flight(), 2);
+    assert!(r.take(&b[0].1).is_none());
+    // The last one's flush covers the first, which succeeded before the failure.
+    assert!(r.complete(b[2].0, fail(WcStatus::WrFlushErr)));
+    assert_eq!(r.in_flight(), 0);
+    assert!(r.take(&b[0].1).unwrap().0.is_ok());
+    let cause = QpFailure::WorkCompletion {
+        status: WcStatus::RemAccessErr,
+        vendor_err: 0,
+    };
+    for t in [&b[1].1, &b[2].1] {
+        match r.take(t).unwrap().0 {
+            Err(Error::QpFailed(f)) => assert_eq!(f, cause),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_batch_never_completes_a_request_that_reused_one_of_its_slots() {
+    let mut r: Ring<u32> = Ring::new(4, 0);
+    let b = post_batch(&mut r, 0, 3);
+    let flushed = Outcome {
+        status: WcStatus::WrFlushErr,
+        ..Outcome::SUCCESS
+    };
+    // The oldest completes on its own (flushed), is taken, and its slot goes to a new request.
+    assert!(r.complete(b[0].0, flushed));
+    let _ = r.take(&b[0].1).unwrap();
+    let (_, newer) = r.post(Kind::Source, 7).unwrap();
+    assert_eq!(newer.slot, b[0].1.slot, "the freed slot is reused");
+    // The last one's completion stops at the stale link: the new request stays in flight
+    // (and the middle one, which would have had its own flush, is not reached either).
+    assert!(r.complete(b[2].0, flushed));
+    assert!(r.take(&newer).is_none());
+    assert!(r.take(&b[1].1).is_none());
+    assert_eq!(r.in_flight(), 2);
+}
+
+#[test]
+fn given_up_requests_of_a_batch_drop_their_buffers_when_the_batch_completes() {
+    let dropped = Rc::new(RefCell::new(Vec::new()));
+    let mut r: Ring<Buf> = Ring::new(4, 0);
+    let posted: Vec<(u64, Ticket)> = (0..3)
+        .map(|k| {
+            r.post(Kind::Source, Buf(k, dropped.clone(), false))
+                .ok()
+                .unwrap()
+        })
+        .collect();
+    let linked: Vec<(u32, u64)> = posted.iter().map(|(_, t)| (t.slot, t.generation)).collect();
+    r.link_batch(&linked);
+    r.detach(&posted[0].1);
+    r.detach(&posted[1].1);
+    assert!(dropped.borrow().is_empty(), "still on the device");
+    assert!(r.complete(posted[2].0, ok(0)));
+    r.drop_released();
+    assert_eq!(*dropped.borrow(), vec![1, 0]);
+    let (res, buf, _) = r.take(&posted[2].1).unwrap();
+    assert!(res.is_ok() && buf.0 == 2);
+    drop(buf);
+    assert_eq!(r.free.len(), r.slots.len());
+}
