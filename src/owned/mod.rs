@@ -720,7 +720,7 @@ impl<B: SgSource + SgTarget> Future for Next<'_, B> {
 
 /// The oldest completed request not taken yet, its buffer's initialised length set to what the
 /// device wrote into it.
-#[inline]
+#[inline(always)]
 fn take_next_filled<B: SgTarget>(ring: &mut Ring<B>) -> Option<(Ticket, Result<Completed>, B)> {
     let (t, (res, mut buf, fills)) = ring.take_next()?;
     if let (Ok(c), true) = (&res, fills) {

@@ -360,7 +360,7 @@ impl<B> Ring<B> {
 
     /// Takes the outcome of `ticket`'s request if it has completed. The ticket must be one
     /// this ring [`owns`](Self::owns) (checked when the wait began).
-    #[inline]
+    #[inline(always)]
     pub(super) fn take(&mut self, ticket: &Ticket) -> Option<Taken<B>> {
         debug_assert!(self.owns(ticket));
         if !is_done(&self.slots, ticket.slot, ticket.generation) {
@@ -370,7 +370,7 @@ impl<B> Ring<B> {
     }
 
     /// Takes the oldest completed request not taken yet.
-    #[inline]
+    #[inline(always)]
     pub(super) fn take_next(&mut self) -> Option<(Ticket, Taken<B>)> {
         let i = self.head;
         if i == NONE {
@@ -392,7 +392,7 @@ impl<B> Ring<B> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn free_done(&mut self, i: u32) -> Taken<B> {
         let slot = &mut self.slots[i as usize];
         debug_assert!(matches!(slot.state, State::Done));
