@@ -570,3 +570,40 @@ async fn a_failing_request_of_a_batch_fails_alone_and_flushes_the_rest() {
     assert_eq!(&target.to_vec()[..16], &[7; 16]);
     assert_eq!(a.in_flight(), 0);
 }
+
+/// A batch forgotten (`mem::forget`) instead of posted: the queue pair's next wait posts it, so
+/// its tickets still resolve; forgotten and the queue pair dropped, its buffers (which never
+/// reached the device) are released with the queue pair.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_forgotten_batch_is_posted_by_the_next_wait_or_released_with_the_queue_pair() {
+    let Pair { pd, mut a, b: _b } = pair(CompletionMode::BusyPoll);
+    let target = RegisteredBuffer::new(&pd, 64, all_access()).unwrap();
+    let mut batch = a.batch();
+    let src = reg_with(&pd, &[5; 64], AccessFlags::LOCAL_WRITE);
+    let t = batch
+        .write(src, token(&target), None)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    std::mem::forget(batch);
+    assert_eq!(a.in_flight(), 1, "the slot owns the buffer");
+    let (res, _src) = within(60, "forgotten batch", a.wait(t).unwrap()).await;
+    res.unwrap();
+    assert_eq!(target.to_vec(), vec![5; 64]);
+    let before = mr_count();
+    let mut batch = a.batch();
+    let src = reg_with(&pd, &[6; 64], AccessFlags::LOCAL_WRITE);
+    let _t = batch
+        .write(src, token(&target), None)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    std::mem::forget(batch);
+    assert_eq!(mr_count(), before + 1);
+    drop(a);
+    assert_eq!(
+        mr_count(),
+        before,
+        "the forgotten request's buffer was released"
+    );
+    assert_eq!(target.to_vec(), vec![5; 64], "it never reached the device");
+}

@@ -18,19 +18,20 @@ use crate::verbs::{SendOp, SendWr, Sge};
 /// The most requests a [`Batch`] holds.
 pub const MAX_BATCH: usize = 16;
 
-/// One request of a batch, its slot taken: what its work request needs.
+/// A batched request's scatter/gather entries.
 enum Entries {
+    /// A single buffer's (`None`: empty).
     One(Option<Sge>),
+    /// A list's, in the queue pair's `batch_sges`: the first, and how many.
     List(u32, u32),
 }
 
+/// One request of a batch, its slot taken: what its work request needs.
 pub(super) struct Item {
     slot: u32,
     generation: u64,
     wr_id: u64,
     op: SendOp,
-    /// Its entries: a single buffer's here (`None`: empty), a list's in the queue pair's
-    /// `batch_sges` (the first, and how many).
     sges: Entries,
     inline: bool,
 }
@@ -42,7 +43,9 @@ pub(super) struct Item {
 /// Each request gets its [`Ticket`] (and its slot owns its buffer) when it is added; it
 /// reaches the device when the batch is posted ([`post`](Self::post), or dropping the batch).
 /// Its outcome is taken as any other's ([`OwnedQp::wait`], [`OwnedQp::next_completion`]):
-/// the requests of a batch complete together, oldest first.
+/// the requests of a batch complete together, oldest first. A batch forgotten with
+/// `mem::forget` is posted by the queue pair's next post, wait or batch (or, if the queue pair
+/// is dropped first, its buffers are dropped with it: they never reached the device).
 ///
 /// # Examples
 ///
@@ -75,11 +78,42 @@ pub struct Batch<'a, B: SgSource + SgTarget> {
 impl<B: SgSource + SgTarget> OwnedQp<B> {
     /// Starts a batch of sends and writes, posted together (see [`Batch`]).
     pub fn batch(&mut self) -> Batch<'_, B> {
-        debug_assert!(
-            self.batch.is_empty(),
-            "a batch is posted or dropped before the next"
-        );
+        self.post_forgotten();
         Batch { qp: self }
+    }
+
+    /// Posts the requests of a batch that was neither posted nor dropped (`mem::forget`): the
+    /// queue pair's next post, wait or batch sends them first, so their tickets still resolve.
+    #[inline]
+    pub(super) fn post_forgotten(&mut self) {
+        if !self.batch.is_empty() {
+            self.post_forgotten_now();
+        }
+    }
+
+    #[cold]
+    fn post_forgotten_now(&mut self) {
+        warn!(
+            requests = self.batch.len(),
+            "posting a batch that was forgotten"
+        );
+        drop(Batch { qp: self });
+    }
+
+    /// The buffers of a forgotten batch's requests, which never reached the device (the queue
+    /// pair is being dropped).
+    pub(super) fn unpost_forgotten(&mut self) -> Vec<B> {
+        let owner = self.ring.owner();
+        let mut back = Vec::with_capacity(self.batch.len());
+        for it in self.batch.drain(..) {
+            back.push(self.ring.unpost(Ticket {
+                owner,
+                slot: it.slot,
+                generation: it.generation,
+            }));
+        }
+        self.batch_sges.clear();
+        back
     }
 }
 

@@ -333,6 +333,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         sges: &[Sge],
         inline: bool,
     ) -> Result<Ticket, (Error, B)> {
+        self.post_forgotten();
         let (wr_id, ticket) = self.ring.post(kind, buf)?;
         let wr = SendWr::new(wr_id, op, sges).inline(inline);
         // SAFETY: as in `post_recv`: the ring owns the buffer the SGEs name until the
@@ -382,6 +383,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         if !self.ring.owns(&ticket) {
             return Err(Error::InvalidArgument(InvalidArgument::ForeignTicket));
         }
+        self.post_forgotten();
         self.cq.begin_wait();
         Ok(Wait {
             qp: self,
@@ -418,6 +420,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     ///
     /// Cancel safe: a completion is taken only when the future resolves with it.
     pub fn next_completion(&mut self) -> Next<'_, B> {
+        self.post_forgotten();
         self.cq.begin_wait();
         Next { qp: self }
     }
@@ -446,6 +449,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     /// # Ok(()) }
     /// ```
     pub fn try_next_completion(&mut self) -> Option<(Ticket, Result<Completed>, B)> {
+        self.post_forgotten();
         if let Some(done) = take_next_filled(&mut self.ring) {
             return Some(done);
         }
@@ -733,7 +737,8 @@ impl<B: SgSource + SgTarget> Drop for OwnedQp<B> {
     fn drop(&mut self) {
         // The settled buffers are dropped last: a panicking `Drop` of one must not stop the
         // requests in flight from being handed over (the ring's own drop leaks them anyway).
-        let settled = self.ring.release_settled();
+        let mut settled = self.ring.release_settled();
+        settled.extend(self.unpost_forgotten());
         // SAFETY: `drop` runs once, and `self.qp` is not used after this (the other fields
         // drop without touching it).
         let qp = unsafe { ManuallyDrop::take(&mut self.qp) };
