@@ -337,7 +337,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         let (wr_id, ticket) = self.ring.post(kind, buf)?;
         let wr = SendWr::new(wr_id, op, sges).inline(inline);
         // SAFETY: as in `post_recv`: the ring owns the buffer the SGEs name until the
-        // request's completion (every request is signaled) is polled from this CQ.
+        // request's completion (it is signaled) is polled from this CQ.
         match unsafe { self.qp.post_send(&[wr]) } {
             Ok(()) => Ok(ticket),
             Err(e) => Err((e, self.ring.unpost(ticket))),
