@@ -8,33 +8,13 @@
 
 use tracing::warn;
 
+use super::pending::{Entries, Item, MAX_BATCH};
 use super::ring::{Kind, Ticket};
 use super::{OwnedQp, Sges, send_op, write_op};
 use crate::buf::RemoteToken;
 use crate::error::{Error, InvalidArgument, Result};
 use crate::ops::{SgSource, SgTarget};
-use crate::verbs::{SendOp, SendWr, Sge};
-
-/// The most requests a [`Batch`] holds.
-pub const MAX_BATCH: usize = 16;
-
-/// A batched request's scatter/gather entries.
-enum Entries {
-    /// A single buffer's (`None`: empty).
-    One(Option<Sge>),
-    /// A list's, in the queue pair's `batch_sges`: the first, and how many.
-    List(u32, u32),
-}
-
-/// One request of a batch, its slot taken: what its work request needs.
-pub(super) struct Item {
-    slot: u32,
-    generation: u64,
-    wr_id: u64,
-    op: SendOp,
-    sges: Entries,
-    inline: bool,
-}
+use crate::verbs::{SendOp, SendWr};
 
 /// Sends and writes of an [`OwnedQp`] gathered to be posted together: one `ibv_post_send`
 /// (one doorbell) for all of them, and one work completion, the last one's, for all of them.

@@ -48,6 +48,7 @@
 
 mod atomic;
 mod batch;
+mod pending;
 mod ring;
 mod wait;
 
@@ -60,7 +61,8 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
 pub use self::atomic::AtomicWait;
-pub use self::batch::{Batch, MAX_BATCH};
+pub use self::batch::Batch;
+pub use self::pending::MAX_BATCH;
 pub use self::ring::{Completed, Ticket};
 use self::ring::{Kind, Ring};
 use self::wait::{CqWait, Flushes};
@@ -143,7 +145,7 @@ pub struct OwnedQp<B: SgSource + SgTarget> {
     inline: bool,
     /// The requests of the [`Batch`] being filled (empty between batches; room for
     /// [`MAX_BATCH`], allocated once).
-    batch: Vec<batch::Item>,
+    batch: Vec<pending::Item>,
     /// The scatter/gather entries of the batch's requests (room for [`MAX_BATCH`] requests of
     /// `caps.max_send_sge` entries, allocated once).
     batch_sges: Vec<Sge>,
