@@ -83,15 +83,22 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
     /// The buffers of a forgotten batch's requests, which never reached the device (the queue
     /// pair is being dropped).
     pub(super) fn unpost_forgotten(&mut self) -> Vec<B> {
+        self.unpost_batch_from(0)
+    }
+
+    /// Ends the batch being filled: its requests from `from` on, which are not on the device,
+    /// give their slots up and their buffers back (those before `from` stay in flight).
+    fn unpost_batch_from(&mut self, from: usize) -> Vec<B> {
         let owner = self.ring.owner();
-        let mut back = Vec::with_capacity(self.batch.len());
-        for it in self.batch.drain(..) {
+        let mut back = Vec::with_capacity(self.batch.len().saturating_sub(from));
+        for it in self.batch.drain(from..) {
             back.push(self.ring.unpost(Ticket {
                 owner,
                 slot: it.slot,
                 generation: it.generation,
             }));
         }
+        self.batch.clear();
         self.batch_sges.clear();
         back
     }
@@ -224,18 +231,7 @@ impl<B: SgSource + SgTarget> Batch<'_, B> {
                 warn!(error = %e, "moving the queue pair to the error state failed");
             }
         }
-        let owner = qp.ring.owner();
-        let mut back = Vec::with_capacity(n - bad);
-        for it in qp.batch.drain(bad..) {
-            back.push(qp.ring.unpost(Ticket {
-                owner,
-                slot: it.slot,
-                generation: it.generation,
-            }));
-        }
-        qp.batch.clear();
-        qp.batch_sges.clear();
-        Err((err, back))
+        Err((err, qp.unpost_batch_from(bad)))
     }
 }
 
