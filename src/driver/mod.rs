@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+mod batch;
 mod completion;
 mod counters;
 mod deferred;
@@ -42,6 +43,8 @@ use std::sync::atomic::Ordering;
 
 use tracing::debug;
 
+pub use batch::MAX_BATCH;
+pub(crate) use batch::{Item as BatchItem, RawBatch};
 pub(crate) use completion::ChannelFd;
 pub(crate) use deferred::{Deferred, Sink};
 pub(crate) use latency::WaitKind;

@@ -85,6 +85,37 @@ pub(crate) fn post_one(
     }
 }
 
+/// Posts sends the core accepted with
+/// [`Core::submit_posted_sends`](crate::proto::Core::submit_posted_sends) as one chain (one
+/// doorbell), straight from the batch that holds them; `ids[i]` is `wrs[i]`'s id. A failed
+/// post fails the queue pair and the requests from the first one not posted on, as in
+/// [`post`].
+///
+/// # Safety
+///
+/// Each request's SGEs name memory that stays allocated, registered and untouched until the
+/// core applies its completion (its batch holds it, or the table once the batch is dropped).
+pub(crate) unsafe fn post_send_list(
+    st: &mut State,
+    counters: &Counters,
+    qp: QpKey,
+    wrs: &[SendWr<'_>],
+    ids: &[u64],
+    wake: &mut Deferred,
+) {
+    let handle = &st.entry(qp).expect("registered").qp;
+    // SAFETY: the caller keeps each request's memory as this function's contract says.
+    let r = unsafe { handle.post_send(wrs) };
+    add_held(&counters.posted, wrs.len() as u64, st);
+    add_held(&counters.doorbells, 1, st);
+    if let Err(e) = r {
+        let (bad, errno) = post_error(e);
+        let handle = handle.clone();
+        not_posted(st, qp, &handle, &ids[bad.min(ids.len())..], errno, wake);
+        st.apply_failures(wake);
+    }
+}
+
 /// Requests `ids` of `qp` never reached the device (the post failed with `errno`): they fail,
 /// and so does the queue pair.
 fn not_posted(
@@ -107,7 +138,7 @@ fn not_posted(
 }
 
 /// The work request to post for `req`.
-fn send_wr(wr_id: u64, req: &WorkRequest, signaled: bool) -> SendWr<'_> {
+pub(crate) fn send_wr(wr_id: u64, req: &WorkRequest, signaled: bool) -> SendWr<'_> {
     SendWr {
         wr_id,
         op: req.op,

@@ -208,79 +208,117 @@ impl<B: Send + 'static> RawOp<B> {
         // Posted now (straight away, or from the queue just above; a full queue posts it as
         // room frees, which no poll of this task can hasten).
         posted(shared, unposted);
-        // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
-        // (a runtime round trip per empty poll costs several times the poll itself); the lock
-        // is released between polls, so other threads post and poll meanwhile.
-        let polls = if starting {
-            0
-        } else {
-            waiter.in_place_polls(shared)
-        };
-        // A request posted by this very poll, under the lock still held, has no outcome yet
-        // unless posting it failed (the core then records the failure as its outcome): its
-        // first look at the table comes after the CQ poll, or, for a wait that sleeps at once,
-        // with the registration of its waker (which reports such a failure as well).
-        let mut res = if just_posted {
-            Poll::Pending
-        } else {
-            st.core.poll_result(wr_id, None)
-        };
-        let mut n = 0;
-        while res.is_pending() && n < polls {
-            if n > 0 {
-                drop(st);
-                wake.run();
-                std::hint::spin_loop();
-                st = shared.lock();
+        match wait_outcome(
+            shared,
+            waiter,
+            *kind,
+            wr_id,
+            st,
+            just_posted,
+            starting,
+            &mut wake,
+            cx,
+        ) {
+            Poll::Ready(outcome) => {
+                *state = RawState::Done;
+                // Tokio's cooperative budget, as its own I/O types: a loop of operations that
+                // always complete within their in-place polls still yields to the runtime's
+                // other tasks once the task's budget is spent. Checked only for the result,
+                // never before posting: the first poll posts whatever the budget.
+                match tokio::task::coop::poll_proceed(cx) {
+                    Poll::Ready(coop) => {
+                        coop.made_progress();
+                        Poll::Ready(outcome)
+                    }
+                    Poll::Pending => {
+                        // The task was woken; the next poll hands the result out.
+                        *state = RawState::Ready(outcome);
+                        Poll::Pending
+                    }
+                }
             }
-            n += 1;
-            add_held(&shared.counters.polled_in_place, 1, &st);
-            shared.poll_cq(&mut st, &mut wake);
-            res = st.core.poll_result(wr_id, None);
+            Poll::Pending => Poll::Pending,
         }
-        let mut spin = false;
-        if res.is_pending() && !starting {
-            // With the completion task gone (its runtime shut down) nobody would wake a
-            // sleeper: keep polling in place until the flush completion arrives.
-            spin = waiter.keep_spinning(shared, *kind) || shared.stopped.load(Ordering::Acquire);
-            if !spin {
-                // Sleep: the waker is registered under the lock, so a completion applied by
-                // anyone after this point wakes us.
-                res = st.core.poll_result(wr_id, Some(cx));
-            }
-        }
-        if let Poll::Ready(outcome) = res {
+    }
+}
+
+/// The wait of posted request `wr_id` for its outcome, under the driver's lock `st`: polls the
+/// CQ in place (busy and adaptive modes), then spins (wakes itself) or sleeps (registers the
+/// waker) as the completion mode says. `fresh`: posted under this very lock, so it has no
+/// outcome yet unless posting failed. `starting`: [`RawOp::start`]'s poll, which only posts
+/// (it neither polls in place, spins nor sleeps). Ready: the outcome, the wait is `done`.
+/// Runs `wake` once the lock is released. Shared by [`RawOp`] and the batches
+/// ([`RawBatch`](super::batch::RawBatch)).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn wait_outcome<'s>(
+    shared: &'s Shared,
+    waiter: &mut Waiter,
+    kind: WaitKind,
+    wr_id: u64,
+    mut st: MutexGuard<'s, State>,
+    fresh: bool,
+    starting: bool,
+    wake: &mut Deferred,
+    cx: &mut Context<'_>,
+) -> Poll<Result<OpInfo>> {
+    // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
+    // (a runtime round trip per empty poll costs several times the poll itself); the lock
+    // is released between polls, so other threads post and poll meanwhile.
+    let polls = if starting {
+        0
+    } else {
+        waiter.in_place_polls(shared)
+    };
+    // A request posted by this very poll, under the lock still held, has no outcome yet
+    // unless posting it failed (the core then records the failure as its outcome): its
+    // first look at the table comes after the CQ poll, or, for a wait that sleeps at once,
+    // with the registration of its waker (which reports such a failure as well).
+    let mut res = if fresh {
+        Poll::Pending
+    } else {
+        st.core.poll_result(wr_id, None)
+    };
+    let mut n = 0;
+    while res.is_pending() && n < polls {
+        if n > 0 {
             drop(st);
             wake.run();
-            waiter.done(shared, *kind);
-            *state = RawState::Done;
-            // Tokio's cooperative budget, as its own I/O types: a loop of operations that
-            // always complete within their in-place polls still yields to the runtime's other
-            // tasks once the task's budget is spent. Checked only for the result, never
-            // before posting: the first poll posts whatever the budget.
-            return match tokio::task::coop::poll_proceed(cx) {
-                Poll::Ready(coop) => {
-                    coop.made_progress();
-                    Poll::Ready(outcome)
-                }
-                Poll::Pending => {
-                    // The task was woken; the next poll hands the result out.
-                    *state = RawState::Ready(outcome);
-                    Poll::Pending
-                }
-            };
+            std::hint::spin_loop();
+            st = shared.lock();
         }
-        // Pending. `start`'s poll (`starting`) neither spins nor sleeps: nobody waits until the
-        // first real poll (joining and leaving the spinners would hand the CQ to the
-        // completion task, which arms it: a system call and a CQ event per operation that
-        // `start` posts, for nothing).
+        n += 1;
+        add_held(&shared.counters.polled_in_place, 1, &st);
+        shared.poll_cq(&mut st, wake);
+        res = st.core.poll_result(wr_id, None);
+    }
+    let mut spin = false;
+    if res.is_pending() && !starting {
+        // With the completion task gone (its runtime shut down) nobody would wake a
+        // sleeper: keep polling in place until the flush completion arrives.
+        spin = waiter.keep_spinning(shared, kind) || shared.stopped.load(Ordering::Acquire);
+        if !spin {
+            // Sleep: the waker is registered under the lock, so a completion applied by
+            // anyone after this point wakes us.
+            res = st.core.poll_result(wr_id, Some(cx));
+        }
+    }
+    if let Poll::Ready(outcome) = res {
         drop(st);
         wake.run();
-        if spin {
-            cx.waker().wake_by_ref();
-        }
-        Poll::Pending
+        waiter.done(shared, kind);
+        return Poll::Ready(outcome);
     }
+    // Pending. `start`'s poll (`starting`) neither spins nor sleeps: nobody waits until the
+    // first real poll (joining and leaving the spinners would hand the CQ to the
+    // completion task, which arms it: a system call and a CQ event per operation that
+    // `start` posts, for nothing).
+    drop(st);
+    wake.run();
+    if spin {
+        cx.waker().wake_by_ref();
+    }
+    Poll::Pending
 }
 
 /// The first poll of a request: submits it under the driver's lock and posts it, straight

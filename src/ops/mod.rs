@@ -16,9 +16,12 @@
 //! * **coalescing**: with [`QpOptions::coalesce`](crate::driver::QpOptions::coalesce) the first
 //!   poll queues the request and yields once, so requests started in the same wake are posted
 //!   as one chained list (one doorbell);
-//! * **backpressure**: a full send queue makes the future wait, it is not an error.
+//! * **backpressure**: a full send queue makes the future wait, it is not an error;
+//! * **batches** ([`AsyncQp::batch`]): up to [`MAX_BATCH`](crate::driver::MAX_BATCH) sends and writes gathered without a
+//!   future each, posted with one doorbell and awaited with one future.
 
 mod atomic;
+mod batch;
 mod read;
 mod recv;
 mod send;
@@ -27,6 +30,7 @@ mod write;
 
 pub use atomic::{CompareSwap, FetchAdd};
 pub(crate) use atomic::{atomic_request, previous_value};
+pub use batch::{Batch, Outcomes, Submit};
 pub use read::Read;
 pub use recv::{Recv, RecvInfo};
 pub use send::Send;

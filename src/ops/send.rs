@@ -35,20 +35,31 @@ impl<B: SgSource> Send<B> {
 
     #[inline]
     pub(crate) fn new(cfg: &OpConfig, buf: B, imm: Option<u32>) -> Send<B> {
-        let wr = source_list(&buf, cfg.caps.max_send_sge).map(|sges| {
-            let op = match imm {
-                Some(imm) => SendOp::SendWithImm(imm),
-                None => SendOp::Send,
-            };
-            let total = sges.total_len();
-            let mut wr = WorkRequest::send_list(op, sges);
-            wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
-            wr
-        });
+        let wr = send_request(cfg, &buf, imm);
         Send {
             raw: RawOp::new(cfg, buf, wr),
         }
     }
+}
+
+/// The work request of a send of `buf` (with immediate data if `imm`), checked against the
+/// queue pair's limits.
+#[inline]
+pub(crate) fn send_request<B: SgSource>(
+    cfg: &OpConfig,
+    buf: &B,
+    imm: Option<u32>,
+) -> Result<WorkRequest> {
+    source_list(buf, cfg.caps.max_send_sge).map(|sges| {
+        let op = match imm {
+            Some(imm) => SendOp::SendWithImm(imm),
+            None => SendOp::Send,
+        };
+        let total = sges.total_len();
+        let mut wr = WorkRequest::send_list(op, sges);
+        wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
+        wr
+    })
 }
 
 impl<B: SgSource> Future for Send<B> {

@@ -38,26 +38,38 @@ impl<B: SgSource> Write<B> {
 
     #[inline]
     pub(crate) fn new(cfg: &OpConfig, buf: B, remote: RemoteToken, imm: Option<u32>) -> Write<B> {
-        let wr = source_list(&buf, cfg.caps.max_send_sge).and_then(|sges| {
-            let total = sges.total_len();
-            let remote_addr = remote.check(0, total)?;
-            let rkey = remote.rkey();
-            let op = match imm {
-                Some(imm) => SendOp::WriteWithImm {
-                    remote_addr,
-                    rkey,
-                    imm,
-                },
-                None => SendOp::Write { remote_addr, rkey },
-            };
-            let mut wr = WorkRequest::send_list(op, sges);
-            wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
-            Ok(wr)
-        });
+        let wr = write_request(cfg, &buf, remote, imm);
         Write {
             raw: RawOp::new(cfg, buf, wr),
         }
     }
+}
+
+/// The work request of a write of `buf` to `remote` (with immediate data if `imm`), checked
+/// against the token and the queue pair's limits.
+#[inline]
+pub(crate) fn write_request<B: SgSource>(
+    cfg: &OpConfig,
+    buf: &B,
+    remote: RemoteToken,
+    imm: Option<u32>,
+) -> Result<WorkRequest> {
+    source_list(buf, cfg.caps.max_send_sge).and_then(|sges| {
+        let total = sges.total_len();
+        let remote_addr = remote.check(0, total)?;
+        let rkey = remote.rkey();
+        let op = match imm {
+            Some(imm) => SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+            None => SendOp::Write { remote_addr, rkey },
+        };
+        let mut wr = WorkRequest::send_list(op, sges);
+        wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
+        Ok(wr)
+    })
 }
 
 impl<B: SgSource> Future for Write<B> {

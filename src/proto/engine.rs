@@ -280,6 +280,48 @@ impl<P> Core<P> {
         Ok(Some((wr_id, signaled)))
     }
 
+    /// [`submit_posted`](Self::submit_posted) for `n` sends the caller posts as one chain, in
+    /// this order, while still holding the core's lock: if all of them can go now (nothing
+    /// queued waits with room, room for all `n`), calls `each(i, wr_id, signaled)` for each
+    /// and returns `Ok(true)`. Only the last is signaled unless the signaling policy asks for
+    /// more (every `signal_every`-th, one that fills the queue). `Ok(false)`: nothing was
+    /// submitted; queue them with [`submit_unparked`](Self::submit_unparked).
+    ///
+    /// # Errors
+    ///
+    /// The queue pair's failure ([`QpFailure::Closed`] if it was removed); nothing was
+    /// submitted.
+    pub fn submit_posted_sends(
+        &mut self,
+        qp: QpKey,
+        n: usize,
+        mut each: impl FnMut(usize, u64, bool),
+    ) -> Result<bool, QpFailure> {
+        let Core { table, qps, gens } = self;
+        let Some(slot) = live_slot(qps, gens, qp) else {
+            return Err(QpFailure::Closed);
+        };
+        if let Some(f) = &slot.failure {
+            return Err(f.clone());
+        }
+        if slot.sq_space() < n || slot.has_postable() {
+            return Ok(false);
+        }
+        for i in 0..n {
+            let wr_id = table.insert(Entry {
+                qp,
+                queue: Queue::Send,
+                lifecycle: Lifecycle::Submitted,
+                waker: None,
+                payload: None,
+            });
+            let signaled = slot.next_signaled(i + 1 == n);
+            slot.sq_ring.push_back(wr_id);
+            each(i, wr_id, signaled);
+        }
+        Ok(true)
+    }
+
     /// Whether `qp` has queued requests that fit in its queues now.
     pub fn has_postable(&self, qp: QpKey) -> bool {
         self.live(qp).is_some_and(QpSlot::has_postable)

@@ -257,3 +257,105 @@ fn a_receive_consumed_by_a_write_with_immediate_reports_no_bytes() {
         }))
     ));
 }
+
+/// `submit_posted_sends` (a batch posted straight from its storage): the same ids, order and
+/// signaling as queueing the sends and taking them back; only the last of a batch (and every
+/// `signal_every`-th) is signaled, and its completion completes the others.
+#[test]
+fn a_batch_of_sends_goes_at_once_like_queued_ones_and_completes_by_its_last() {
+    for (depth, every, n) in [(16, 16, 16), (16, 4, 9), (8, 16, 8), (4, 1, 3)] {
+        let mut a: Core<()> = Core::new();
+        let mut b: Core<()> = Core::new();
+        let (ka, kb) = (
+            a.add_qp(QpConfig::new(depth, 1, every)).unwrap(),
+            b.add_qp(QpConfig::new(depth, 1, every)).unwrap(),
+        );
+        let mut dev_a = Posted::new();
+        for _ in 0..n {
+            a.submit_unparked(ka, send_wr()).unwrap();
+        }
+        for p in take(&mut a, ka) {
+            dev_a.push((p.wr_id, p.wr.queue, p.signaled));
+        }
+        let mut dev_b = Posted::new();
+        let went = b
+            .submit_posted_sends(kb, n, |i, id, s| {
+                assert_eq!(i, dev_b.len());
+                dev_b.push((id, Queue::Send, s));
+            })
+            .unwrap();
+        assert!(went, "room for {n} of {depth}");
+        assert_eq!(dev_a, dev_b, "depth {depth} every {every} n {n}");
+        assert!(dev_b.last().unwrap().2, "the last is signaled");
+        assert!(take(&mut b, kb).is_empty(), "nothing is posted twice");
+        for &(id, _, signaled) in &dev_b {
+            if signaled {
+                complete(&mut b, Cqe::success(id, 0));
+            }
+        }
+        for &(id, _, _) in &dev_b {
+            assert!(matches!(b.poll_result(id, None), Poll::Ready(Ok(_))));
+        }
+        assert_eq!((b.outstanding(kb), b.ops_in_table()), (0, 0));
+    }
+}
+
+#[test]
+fn a_batch_without_room_or_behind_queued_sends_is_refused_and_submits_nothing() {
+    let mut core: Core<()> = Core::new();
+    let qp = core.add_qp(QpConfig::new(4, 1, 16)).unwrap();
+    let never = |_: usize, _: u64, _: bool| panic!("nothing may be submitted");
+    assert_eq!(core.submit_posted_sends(qp, 5, never), Ok(false));
+    assert_eq!(core.ops_in_table(), 0);
+    // Two posted, two free: a batch of three waits.
+    assert!(core.submit_posted_sends(qp, 2, |_, _, _| {}).unwrap());
+    assert_eq!(core.submit_posted_sends(qp, 3, never), Ok(false));
+    // A queued send with room (the driver has not posted it yet) goes before any batch.
+    core.submit_unparked(qp, send_wr()).unwrap();
+    assert_eq!(core.submit_posted_sends(qp, 1, never), Ok(false));
+    assert_eq!(core.outstanding(qp), 3);
+    core.fail_qp(
+        qp,
+        QpFailure::PostFailed(libc::EIO),
+        &mut Completed::default(),
+    );
+    assert_eq!(
+        core.submit_posted_sends(qp, 1, never),
+        Err(QpFailure::PostFailed(libc::EIO))
+    );
+    let gone = core.add_qp(QpConfig::new(4, 1, 16)).unwrap();
+    assert!(core.remove_qp(gone));
+    assert_eq!(
+        core.submit_posted_sends(gone, 1, never),
+        Err(QpFailure::Closed)
+    );
+}
+
+/// A batch whose second request fails on the device: the first (unsignaled, executed before
+/// it) succeeds, the second reports its status, and the rest, flushed, the queue pair's
+/// failure; every request has its outcome and the table empties.
+#[test]
+fn a_batch_failing_in_the_middle_gives_each_request_its_outcome() {
+    let mut core: Core<()> = Core::new();
+    let qp = core.add_qp(QpConfig::new(16, 1, 16)).unwrap();
+    let mut ids = Vec::new();
+    assert!(
+        core.submit_posted_sends(qp, 4, |_, id, _| ids.push(id))
+            .unwrap()
+    );
+    let out = complete(&mut core, cqe_err(ids[1], WcStatus::RemAccessErr, 0));
+    assert_eq!(out.failed, [qp]);
+    for &id in &ids[2..] {
+        complete(&mut core, cqe_err(id, WcStatus::WrFlushErr, 0));
+    }
+    assert!(matches!(core.poll_result(ids[0], None), Poll::Ready(Ok(_))));
+    for &id in &ids[1..] {
+        match core.poll_result(id, None) {
+            Poll::Ready(Err(Error::QpFailed(QpFailure::WorkCompletion { status, .. }))) => {
+                assert_eq!(status, WcStatus::RemAccessErr, "op {id:#x}")
+            }
+            other => panic!("op {id:#x}: {other:?}"),
+        }
+    }
+    assert_eq!(core.ops_in_table(), 0);
+}

@@ -1,0 +1,311 @@
+//! Batches: many sends and writes of one [`AsyncQp`] posted with one doorbell and awaited as
+//! one ([`AsyncQp::batch`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::send::send_request;
+use super::sg::SgSource;
+use super::write::write_request;
+use crate::buf::RemoteToken;
+use crate::driver::{AsyncQp, BatchItem, RawBatch};
+use crate::error::{Error, Result};
+
+/// Up to [`MAX_BATCH`](crate::driver::MAX_BATCH) sends and writes of one queue pair, posted together: one chained
+/// `ibv_post_send` (one doorbell) with only the last request signaled, and one wait for all of
+/// them. Made by [`AsyncQp::batch`]; [`submit`](Self::submit) takes it and gives it back with
+/// the outcomes, ready for the next round (its storage is allocated once). Several batches
+/// may be in flight at once; each is one wait.
+///
+/// Adding a request builds and checks its work request (a write that does not fit its remote
+/// token, too many scatter/gather entries); nothing is posted until
+/// [`submit`](Self::submit)'s future is polled. The requests complete in order; each gets its
+/// own outcome: a request that fails reports its cause, and the ones after it the queue
+/// pair's failure.
+///
+/// # Examples
+///
+/// ```no_run
+/// # use tokio_rdma::driver::AsyncQp;
+/// # use tokio_rdma::buf::{RegisteredBuffer, RemoteToken};
+/// # async fn demo(qp: &AsyncQp, bufs: Vec<RegisteredBuffer>, remote: RemoteToken)
+/// #     -> tokio_rdma::Result<()> {
+/// let mut batch = qp.batch();
+/// for buf in bufs {
+///     batch.write(buf, remote).map_err(|(e, _buf)| e)?;
+/// }
+/// let mut batch = batch.submit().await;
+/// for (res, buf) in batch.outcomes() {
+///     res?;
+///     drop(buf); // or add it to the batch again for the next round
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Batch<B: SgSource> {
+    raw: RawBatch<B>,
+}
+
+impl AsyncQp {
+    /// An empty [`Batch`] of sends and writes on this queue pair.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # async fn demo(qp: &AsyncQp, a: RegisteredBuffer, b: RegisteredBuffer) {
+    /// let mut batch = qp.batch();
+    /// batch.send(a).unwrap();
+    /// batch.send(b).unwrap();
+    /// let sent = batch.submit().await.outcomes().filter(|(res, _)| res.is_ok()).count();
+    /// # }
+    /// ```
+    pub fn batch<B: SgSource>(&self) -> Batch<B> {
+        Batch {
+            raw: RawBatch::new(self.op_config()),
+        }
+    }
+}
+
+impl<B: SgSource> Batch<B> {
+    /// Adds a write of the initialised bytes of `buf` to `remote` (which must be at least as
+    /// long).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidArgument`](crate::InvalidArgument) if the write does not fit `remote` or has
+    /// too many scatter/gather entries, [`BatchFull`](crate::InvalidArgument::BatchFull) past
+    /// [`MAX_BATCH`](crate::driver::MAX_BATCH) requests; the buffer comes back and nothing was added.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::{RegisteredBuffer, RemoteToken};
+    /// # fn demo(qp: &AsyncQp, buf: RegisteredBuffer, remote: RemoteToken) {
+    /// let mut batch = qp.batch();
+    /// if let Err((e, _buf)) = batch.write(buf, remote) {
+    ///     eprintln!("not added: {e}");
+    /// }
+    /// # }
+    /// ```
+    pub fn write(&mut self, buf: B, remote: RemoteToken) -> Result<(), (Error, B)> {
+        let wr = write_request(self.raw.cfg(), &buf, remote, None);
+        self.raw.push(wr, buf)
+    }
+
+    /// Adds a write of `buf` to `remote` that delivers `imm` in a receive completion at the
+    /// peer (consuming one of its receives).
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::{RegisteredBuffer, RemoteToken};
+    /// # fn demo(qp: &AsyncQp, buf: RegisteredBuffer, remote: RemoteToken) {
+    /// let mut batch = qp.batch();
+    /// batch.write_with_imm(buf, remote, 7).map_err(|(e, _)| e).unwrap();
+    /// # }
+    /// ```
+    pub fn write_with_imm(
+        &mut self,
+        buf: B,
+        remote: RemoteToken,
+        imm: u32,
+    ) -> Result<(), (Error, B)> {
+        let wr = write_request(self.raw.cfg(), &buf, remote, Some(imm));
+        self.raw.push(wr, buf)
+    }
+
+    /// Adds a send of the initialised bytes of `buf`; the peer must have a receive posted.
+    ///
+    /// # Errors
+    ///
+    /// [`TooManySges`](crate::InvalidArgument::TooManySges), or
+    /// [`BatchFull`](crate::InvalidArgument::BatchFull) past [`MAX_BATCH`](crate::driver::MAX_BATCH) requests; the
+    /// buffer comes back and nothing was added.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # fn demo(qp: &AsyncQp, buf: RegisteredBuffer) {
+    /// let mut batch = qp.batch();
+    /// batch.send(buf).map_err(|(e, _)| e).unwrap();
+    /// assert_eq!(batch.len(), 1);
+    /// # }
+    /// ```
+    pub fn send(&mut self, buf: B) -> Result<(), (Error, B)> {
+        let wr = send_request(self.raw.cfg(), &buf, None);
+        self.raw.push(wr, buf)
+    }
+
+    /// Adds a send of `buf` with 32-bit immediate data.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # fn demo(qp: &AsyncQp, buf: RegisteredBuffer) {
+    /// let mut batch = qp.batch();
+    /// batch.send_with_imm(buf, 42).map_err(|(e, _)| e).unwrap();
+    /// # }
+    /// ```
+    pub fn send_with_imm(&mut self, buf: B, imm: u32) -> Result<(), (Error, B)> {
+        let wr = send_request(self.raw.cfg(), &buf, Some(imm));
+        self.raw.push(wr, buf)
+    }
+
+    /// How many requests the batch holds.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # fn demo(qp: &AsyncQp) {
+    /// let batch = qp.batch::<RegisteredBuffer>();
+    /// assert_eq!(batch.len(), 0);
+    /// # }
+    /// ```
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Whether the batch holds no request.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # fn demo(qp: &AsyncQp) {
+    /// assert!(qp.batch::<RegisteredBuffer>().is_empty());
+    /// # }
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Posts the requests (at the future's first poll) and waits until every one has its
+    /// outcome; resolves to the batch, whose [`outcomes`](Self::outcomes) then hand them out,
+    /// oldest first, each with its buffers.
+    ///
+    /// The wait spins or sleeps as any operation's future does (the driver's
+    /// [`CompletionMode`](crate::driver::CompletionMode)). If the queue pair failed before the
+    /// post, every request reports that failure.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before its first poll posts nothing (the requests are dropped with
+    /// the batch). After that the requests may still execute: those not complete are given
+    /// up, and their buffers stay owned by the driver until the device is done with them, then
+    /// are dropped. A forgotten future (`mem::forget`) leaks the batch and its buffers.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # async fn demo(qp: &AsyncQp, bufs: Vec<RegisteredBuffer>) -> tokio_rdma::Result<()> {
+    /// let mut batch = qp.batch();
+    /// for buf in bufs {
+    ///     batch.send(buf).map_err(|(e, _)| e)?;
+    /// }
+    /// let mut batch = batch.submit().await;
+    /// let mut back = Vec::new();
+    /// for (res, buf) in batch.outcomes() {
+    ///     res?;
+    ///     back.push(buf);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn submit(self) -> Submit<B> {
+        Submit { batch: Some(self) }
+    }
+
+    /// The outcomes of the last submission, oldest request first, each with its buffers; the
+    /// batch is empty afterwards. Outcomes not taken are dropped when a request is added.
+    /// Empty before a submission has resolved.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::{RegisteredBuffer, RemoteToken};
+    /// # async fn demo(qp: &AsyncQp, buf: RegisteredBuffer, remote: RemoteToken) {
+    /// let mut batch = qp.batch();
+    /// batch.write(buf, remote).map_err(|(e, _)| e).unwrap();
+    /// let mut batch = batch.submit().await;
+    /// let (res, buf) = batch.outcomes().next().expect("one request");
+    /// # }
+    /// ```
+    pub fn outcomes(&mut self) -> Outcomes<'_, B> {
+        Outcomes {
+            items: self.raw.take_outcomes(),
+        }
+    }
+}
+
+/// The future of [`Batch::submit`]: resolves to the batch, with every request's outcome.
+///
+/// # Cancel safety
+///
+/// See [`Batch::submit`].
+#[derive(Debug)]
+#[must_use = "a batch is posted when its submission is polled"]
+pub struct Submit<B: SgSource> {
+    batch: Option<Batch<B>>,
+}
+
+// Nothing in a batch is pinned: its buffers' memory is stable (the `IoBuf` contract) and the
+// batch moves freely.
+impl<B: SgSource> Unpin for Submit<B> {}
+
+impl<B: SgSource> Future for Submit<B> {
+    type Output = Batch<B>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let batch = self.batch.as_mut().expect("a submission resolves once");
+        if batch.raw.poll_submit(cx).is_pending() {
+            return Poll::Pending;
+        }
+        Poll::Ready(self.batch.take().expect("checked above"))
+    }
+}
+
+/// The outcomes of a batch ([`Batch::outcomes`]), oldest request first: each request's result
+/// and its buffers. Dropping it drops the buffers not taken yet.
+#[derive(Debug)]
+pub struct Outcomes<'a, B: SgSource> {
+    items: std::vec::Drain<'a, BatchItem<B>>,
+}
+
+impl<B: SgSource> Iterator for Outcomes<'_, B> {
+    type Item = (Result<()>, B);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.items.next().map(|item| {
+            let out = item.outcome.expect("collected before handed out");
+            (out.map(|_| ()), item.buf)
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.items.size_hint()
+    }
+}
+
+impl<B: SgSource> ExactSizeIterator for Outcomes<'_, B> {}

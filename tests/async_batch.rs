@@ -1,0 +1,309 @@
+//! Device tests of `AsyncQp::batch` (src/driver/batch.rs): many sends and writes posted with
+//! one doorbell and awaited as one, on rxe, with the data verified. Run in the soft-RoCE VM
+//! (`scripts/test`); ignored on hosts without a device.
+#![allow(clippy::print_stdout)]
+
+mod common;
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll};
+
+use common::{AsyncPair, all_access, async_pair_with, pattern, posted, reg_with, within};
+use tokio_rdma::buf::RemoteToken;
+use tokio_rdma::driver::{CompletionMode, DriverOptions, MAX_BATCH, QpOptions};
+use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
+use tokio_rdma::{Error, InvalidArgument, QpFailure, WcStatus};
+
+const LEN: usize = 64;
+
+fn token(b: &RegisteredBuffer) -> RemoteToken {
+    RemoteToken::new(b.addr(), b.len() as u64, b.rkey())
+}
+
+fn pair(mode: CompletionMode, depth: u32) -> AsyncPair {
+    let mut driver = DriverOptions::default();
+    driver.mode = mode;
+    let mut qp = QpOptions::default();
+    qp.caps.max_send_wr = depth;
+    qp.caps.max_recv_wr = depth;
+    async_pair_with(driver, qp)
+}
+
+fn modes() -> [CompletionMode; 3] {
+    [
+        CompletionMode::BusyPoll,
+        CompletionMode::Event,
+        CompletionMode::default(),
+    ]
+}
+
+fn is_status(e: &Error, want: WcStatus) -> bool {
+    matches!(e, Error::QpFailed(QpFailure::WorkCompletion { status, .. }) if *status == want)
+}
+
+/// Full batches of writes, each to its own slot of the target, in every completion mode: every
+/// buffer comes back in order with its outcome, the data arrives, and each batch is one
+/// doorbell with one signaled request.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn full_batches_of_writes_land_with_one_doorbell_each_in_every_mode() {
+    for mode in modes() {
+        let p = pair(mode, 2 * MAX_BATCH as u32);
+        let target = RegisteredBuffer::new(&p.pd, MAX_BATCH * LEN, all_access()).unwrap();
+        let remote = token(&target);
+        let mut bufs: Vec<RegisteredBuffer> = (0..MAX_BATCH)
+            .map(|_| RegisteredBuffer::new(&p.pd, LEN, AccessFlags::LOCAL_WRITE).unwrap())
+            .collect();
+        let mut batch = p.a.batch();
+        for round in 0..20u8 {
+            let before = p.driver.stats();
+            for (i, mut buf) in bufs.drain(..).enumerate() {
+                buf.write_at(0, &pattern(LEN, round.wrapping_add(i as u8)));
+                let slot = remote
+                    .slice((i * LEN) as u64..((i + 1) * LEN) as u64)
+                    .unwrap();
+                batch.write(buf, slot).map_err(|(e, _)| e).unwrap();
+            }
+            assert_eq!(batch.len(), MAX_BATCH);
+            batch = within(60, "a batch of writes", batch.submit()).await;
+            let outcomes = batch.outcomes();
+            assert_eq!(outcomes.len(), MAX_BATCH);
+            for (res, buf) in outcomes {
+                res.unwrap_or_else(|e| panic!("{mode:?} round {round}: {e}"));
+                bufs.push(buf);
+            }
+            assert!(batch.is_empty());
+            let after = p.driver.stats();
+            assert_eq!(after.posted - before.posted, MAX_BATCH as u64);
+            assert_eq!(
+                after.doorbells - before.doorbells,
+                1,
+                "{mode:?}: one doorbell"
+            );
+            assert_eq!(
+                after.completions - before.completions,
+                1,
+                "{mode:?}: only the last is signaled"
+            );
+            for i in 0..MAX_BATCH {
+                let mut got = vec![0u8; LEN];
+                target.read_at(i * LEN, &mut got);
+                assert_eq!(got, pattern(LEN, round.wrapping_add(i as u8)), "slot {i}");
+            }
+        }
+        assert_eq!(p.driver.stats().ops_in_table, 0, "{mode:?}");
+        println!("{mode:?}: 20 batches of {MAX_BATCH} writes ok");
+    }
+}
+
+/// Sends with and without immediate data in one batch arrive in order at the peer's receives.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_batch_of_sends_arrives_in_order_with_its_immediates() {
+    let p = pair(CompletionMode::default(), 16);
+    let recvs: Vec<_> = (0..4)
+        .map(|_| {
+            let rx = RegisteredBuffer::new(&p.pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
+            posted(p.b.recv(rx))
+        })
+        .collect();
+    let mut batch = p.a.batch();
+    for i in 0..4u8 {
+        let tx = reg_with(&p.pd, &pattern(LEN, i), AccessFlags::LOCAL_WRITE);
+        let added = if i % 2 == 0 {
+            batch.send(tx)
+        } else {
+            batch.send_with_imm(tx, u32::from(i))
+        };
+        added.map_err(|(e, _)| e).unwrap();
+    }
+    let mut batch = within(60, "a batch of sends", batch.submit()).await;
+    for (res, _) in batch.outcomes() {
+        res.unwrap();
+    }
+    for (i, r) in recvs.into_iter().enumerate() {
+        let (res, rx) = within(60, "a receive", r).await;
+        let info = res.unwrap();
+        assert_eq!(info.len, LEN);
+        assert_eq!(info.imm, (i % 2 == 1).then_some(i as u32));
+        assert_eq!(rx.to_vec(), pattern(LEN, i as u8), "message {i} in order");
+    }
+}
+
+/// Refusals keep the buffer and add nothing: a write longer than its remote slice, and a
+/// request past `MAX_BATCH`.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_refused_request_comes_back_and_leaves_the_batch_as_it_was() {
+    let p = pair(CompletionMode::default(), 32);
+    let target = RegisteredBuffer::new(&p.pd, LEN, all_access()).unwrap();
+    let short = token(&target).slice(0..8).unwrap();
+    let mut batch = p.a.batch();
+    let buf = RegisteredBuffer::new(&p.pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
+    let (e, buf) = batch.write(buf, short).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(batch.is_empty());
+    drop(buf);
+    for _ in 0..MAX_BATCH {
+        let b = RegisteredBuffer::new(&p.pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
+        batch.write(b, token(&target)).map_err(|(e, _)| e).unwrap();
+    }
+    let extra = RegisteredBuffer::new(&p.pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
+    let (e, _extra) = batch.write(extra, token(&target)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument(InvalidArgument::BatchFull { max: MAX_BATCH })
+        ),
+        "{e}"
+    );
+    let mut batch = within(60, "a full batch", batch.submit()).await;
+    assert_eq!(
+        batch.outcomes().filter(|(r, _)| r.is_ok()).count(),
+        MAX_BATCH
+    );
+}
+
+/// A bad rkey in the middle of a batch: the request before it succeeds, it reports the
+/// remote access error, and the one after it (flushed) the queue pair's failure, the same
+/// cause. A later batch on the failed queue pair reports it for every request.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_bad_rkey_in_the_middle_fails_it_and_what_follows_not_what_precedes() {
+    let p = pair(CompletionMode::BusyPoll, 16);
+    let target = RegisteredBuffer::new(&p.pd, 2 * LEN, all_access()).unwrap();
+    let forged = RemoteToken::new(target.addr(), LEN as u64, target.rkey() ^ 0x5a5a_0000);
+    let mut batch = p.a.batch();
+    for (i, remote) in [token(&target), forged, token(&target)]
+        .into_iter()
+        .enumerate()
+    {
+        let tx = reg_with(&p.pd, &pattern(LEN, i as u8), AccessFlags::LOCAL_WRITE);
+        batch.write(tx, remote).map_err(|(e, _)| e).unwrap();
+    }
+    let mut batch = within(60, "a failing batch", batch.submit()).await;
+    let out: Vec<_> = batch.outcomes().map(|(r, _)| r).collect();
+    assert!(out[0].is_ok(), "{:?}", out[0]);
+    for r in &out[1..] {
+        let e = r.as_ref().unwrap_err();
+        assert!(is_status(e, WcStatus::RemAccessErr), "{e}");
+    }
+    let mut got = vec![0u8; LEN];
+    target.read_at(0, &mut got);
+    assert_eq!(got, pattern(LEN, 0), "the first write landed");
+    let tx = RegisteredBuffer::new(&p.pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
+    batch.write(tx, token(&target)).map_err(|(e, _)| e).unwrap();
+    let mut batch = within(60, "a batch on a failed queue pair", batch.submit()).await;
+    for (r, _) in batch.outcomes() {
+        assert!(is_status(&r.unwrap_err(), WcStatus::RemAccessErr));
+    }
+    assert_eq!(p.driver.stats().ops_in_table, 0);
+}
+
+/// A batch deeper than the send queue (16 requests, 4 slots) is queued and posted as room
+/// frees; every request completes and the data arrives.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_batch_deeper_than_the_send_queue_is_posted_as_room_frees() {
+    for mode in modes() {
+        let p = pair(mode, 4);
+        let target = RegisteredBuffer::new(&p.pd, MAX_BATCH * LEN, all_access()).unwrap();
+        let remote = token(&target);
+        let mut batch = p.a.batch();
+        for i in 0..MAX_BATCH {
+            let tx = reg_with(&p.pd, &pattern(LEN, i as u8), AccessFlags::LOCAL_WRITE);
+            let slot = remote
+                .slice((i * LEN) as u64..((i + 1) * LEN) as u64)
+                .unwrap();
+            batch.write(tx, slot).map_err(|(e, _)| e).unwrap();
+        }
+        let mut batch = within(60, "a deep batch", batch.submit()).await;
+        for (res, _) in batch.outcomes() {
+            res.unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        }
+        for i in 0..MAX_BATCH {
+            let mut got = vec![0u8; LEN];
+            target.read_at(i * LEN, &mut got);
+            assert_eq!(got, pattern(LEN, i as u8), "{mode:?} slot {i}");
+        }
+        assert_eq!(p.driver.stats().ops_in_table, 0, "{mode:?}");
+    }
+}
+
+/// A submission dropped after its first poll (the requests posted): the writes still happen,
+/// the driver keeps their buffers until their completions (then the table is empty), and the
+/// queue pair goes on. One forgotten with `mem::forget` leaks its batch: its writes happen too.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_dropped_or_forgotten_submission_gives_its_requests_up_safely() {
+    let p = pair(CompletionMode::Event, 32);
+    let target = RegisteredBuffer::new(&p.pd, 3 * MAX_BATCH * LEN, all_access()).unwrap();
+    let remote = token(&target);
+    let fill = |part: usize| {
+        let mut batch = p.a.batch();
+        for i in 0..MAX_BATCH {
+            let n = part * MAX_BATCH + i;
+            let tx = reg_with(&p.pd, &pattern(LEN, n as u8), AccessFlags::LOCAL_WRITE);
+            let slot = remote
+                .slice((n * LEN) as u64..((n + 1) * LEN) as u64)
+                .unwrap();
+            batch.write(tx, slot).map_err(|(e, _)| e).unwrap();
+        }
+        batch
+    };
+    let landed = |parts: std::ops::Range<usize>| {
+        parts
+            .flat_map(|part| part * MAX_BATCH..(part + 1) * MAX_BATCH)
+            .all(|n| {
+                let mut got = vec![0u8; LEN];
+                target.read_at(n * LEN, &mut got);
+                got == pattern(LEN, n as u8)
+            })
+    };
+    let waker = std::task::Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    // Dropped after the first poll, which posts (event mode: it sleeps, it does not spin).
+    {
+        let mut sub = pin!(fill(0).submit());
+        assert!(sub.as_mut().poll(&mut cx).is_pending());
+    }
+    // The next batch goes on the same queue pair, behind the given-up one.
+    let mut batch = within(60, "the batch after", fill(1).submit()).await;
+    assert_eq!(
+        batch.outcomes().filter(|(r, _)| r.is_ok()).count(),
+        MAX_BATCH
+    );
+    within(60, "the given-up requests' completions", async {
+        while p.driver.stats().ops_in_table > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(landed(0..2), "every write of both batches landed");
+    // Forgotten after the first poll: its writes happen all the same.
+    let mut sub = Box::pin(fill(2).submit());
+    assert!(sub.as_mut().poll(&mut cx).is_pending());
+    std::mem::forget(sub);
+    within(60, "the forgotten batch's writes", async {
+        while !landed(2..3) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// An empty batch posts nothing and resolves at its first poll.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn an_empty_batch_resolves_at_once_with_nothing() {
+    let p = pair(CompletionMode::default(), 8);
+    let batch = p.a.batch::<RegisteredBuffer>();
+    let waker = std::task::Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    match pin!(batch.submit()).poll(&mut cx) {
+        Poll::Ready(mut batch) => assert_eq!(batch.outcomes().len(), 0),
+        Poll::Pending => panic!("an empty batch has nothing to wait for"),
+    }
+    assert_eq!(p.driver.stats().posted, 0);
+}
