@@ -97,6 +97,55 @@ async fn full_batches_of_writes_land_with_one_doorbell_each_in_every_mode() {
     }
 }
 
+/// Four batches started one after another (`Submit::start`: posted, not awaited) are in
+/// flight together, then awaited oldest first, in every mode: four doorbells, four
+/// completions, every write landed.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn batches_started_together_are_in_flight_together() {
+    for mode in modes() {
+        let p = pair(mode, 4 * MAX_BATCH as u32);
+        let target = RegisteredBuffer::new(&p.pd, 4 * MAX_BATCH * LEN, all_access()).unwrap();
+        let remote = token(&target);
+        let before = p.driver.stats();
+        let mut subs = Vec::new();
+        for part in 0..4 {
+            let mut batch = p.a.batch();
+            for i in 0..MAX_BATCH {
+                let n = part * MAX_BATCH + i;
+                let tx = reg_with(&p.pd, &pattern(LEN, n as u8), AccessFlags::LOCAL_WRITE);
+                let slot = remote
+                    .slice((n * LEN) as u64..((n + 1) * LEN) as u64)
+                    .unwrap();
+                batch.write(tx, slot).map_err(|(e, _)| e).unwrap();
+            }
+            let mut sub = batch.submit();
+            sub.start();
+            sub.start(); // a second call does nothing
+            subs.push(sub);
+        }
+        assert_eq!(
+            p.driver.stats().posted - before.posted,
+            4 * MAX_BATCH as u64
+        );
+        for sub in subs {
+            let mut batch = within(60, "a started batch", sub).await;
+            for (res, _) in batch.outcomes() {
+                res.unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+            }
+        }
+        let after = p.driver.stats();
+        assert_eq!(after.doorbells - before.doorbells, 4, "{mode:?}");
+        assert_eq!(after.completions - before.completions, 4, "{mode:?}");
+        for n in 0..4 * MAX_BATCH {
+            let mut got = vec![0u8; LEN];
+            target.read_at(n * LEN, &mut got);
+            assert_eq!(got, pattern(LEN, n as u8), "{mode:?} write {n}");
+        }
+        assert_eq!(after.ops_in_table, 0, "{mode:?}");
+    }
+}
+
 /// Sends with and without immediate data in one batch arrive in order at the peer's receives.
 #[tokio::test(flavor = "current_thread")]
 #[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]

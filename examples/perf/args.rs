@@ -121,6 +121,9 @@ pub struct TestConfig {
     pub verbs: bool,
     /// `owned`: the same loops on `OwnedQp` (one task, a CQ of its own, no driver).
     pub owned: bool,
+    /// `batch`: the bandwidth tests on the driver's `AsyncQp` with `AsyncQp::batch` (batches
+    /// of up to 16 requests, one future each) instead of a future per request.
+    pub batch: bool,
     /// msg tests: send from the connection's registered pool (`Connection::send_bytes`, no
     /// copy) instead of a plain slice (copied into staging buffers).
     pub zero_copy: bool,
@@ -175,6 +178,8 @@ impl TestConfig {
                 "verbs"
             } else if self.owned {
                 "owned"
+            } else if self.batch {
+                "batch"
             } else {
                 "async"
             },
@@ -199,6 +204,7 @@ impl TestConfig {
             coalesce: false,
             verbs: false,
             owned: false,
+            batch: false,
             zero_copy: false,
             rendezvous: Rendezvous::Recv,
             op_latency: false,
@@ -223,6 +229,7 @@ impl TestConfig {
                 "engine" => {
                     c.verbs = v == "verbs";
                     c.owned = v == "owned";
+                    c.batch = v == "batch";
                 }
                 "zero_copy" => c.zero_copy = v == "1",
                 "op_latency" => c.op_latency = v == "1",
@@ -469,9 +476,10 @@ struct Cli {
           help_heading = "Client options")]
     coalesce: Option<bool>,
     /// async: the tokio-rdma driver; owned: the same queue-pair loops (latency and bandwidth,
-    /// one queue pair) on an OwnedQp (one task, a CQ of its own); verbs: the same loop on the crate's verbs layer (post + busy-poll the
-    /// CQ, no driver), a baseline
-    #[arg(long, value_name = "E", default_value = "async", value_parser = ["async", "owned", "verbs"],
+    /// one queue pair) on an OwnedQp (one task, a CQ of its own); batch: write_bw and send_bw
+    /// on the driver's AsyncQp in batches (AsyncQp::batch, one queue pair); verbs: the same
+    /// loop on the crate's verbs layer (post + busy-poll the CQ, no driver), a baseline
+    #[arg(long, value_name = "E", default_value = "async", value_parser = ["async", "owned", "batch", "verbs"],
           help_heading = "Client options")]
     engine: String,
     /// One JSON object per size on stdout instead of the table
@@ -607,6 +615,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
             };
             let verbs = cli.engine == "verbs";
             let owned = cli.engine == "owned";
+            let batch = cli.engine == "batch";
             let cfg = TestConfig {
                 test,
                 sizes,
@@ -625,6 +634,7 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
                 coalesce: cli.coalesce.unwrap_or(!test.is_lat()),
                 verbs,
                 owned,
+                batch,
                 zero_copy: cli.zero_copy,
                 rendezvous: cli.rendezvous,
                 // The sample file and the plot need the samples.
@@ -641,6 +651,9 @@ pub fn parse_from(argv: Vec<String>) -> Result<Args, clap::Error> {
             }
             if owned && (test.is_msg() || cli.qps != 1) {
                 return bad("--engine owned runs the queue-pair tests on one queue pair");
+            }
+            if batch && (!matches!(test, Test::WriteBw | Test::SendBw) || cli.qps != 1) {
+                return bad("--engine batch runs write_bw and send_bw on one queue pair");
             }
             if test.is_msg() && cli.qps != 1 {
                 return bad("msg_* tests use one connection");
@@ -732,6 +745,10 @@ mod tests {
         assert!(parse_from(argv("--client h --test write_bw --engine owned")).is_ok());
         assert!(parse_from(argv("--client h --test write_bw --engine owned --qps 2")).is_err());
         assert!(parse_from(argv("--client h --test msg_rate --engine owned")).is_err());
+        assert!(parse_from(argv("--client h --test send_bw --engine batch")).is_ok());
+        assert!(parse_from(argv("--client h --test read_bw --engine batch")).is_err());
+        assert!(parse_from(argv("--client h --test write_lat --engine batch")).is_err());
+        assert!(parse_from(argv("--client h --test write_bw --engine batch --qps 2")).is_err());
         let a = parse_from(argv("cpu-of --mark #bytes -- stdbuf -oL ib_send_lat -e")).unwrap();
         let Role::CpuOf { mark, cmd } = a.role else {
             panic!()

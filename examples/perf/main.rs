@@ -21,6 +21,7 @@
 )]
 
 mod args;
+mod batch_engine;
 mod msg;
 mod owned_engine;
 mod report;

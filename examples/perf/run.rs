@@ -125,6 +125,8 @@ pub async fn client_case(
         let all = crate::verbs_engine::client(side, cfg, size, &mut mark)?;
         samples.extend_from_slice(&all[cfg.warmup..]);
         cfg.iters as u64
+    } else if cfg.batch {
+        crate::batch_engine::bw_client(side, cfg, size, &mut samples, &mut mark).await?
     } else if cfg.owned && !cfg.test.is_lat() {
         crate::owned_engine::bw_client(side, cfg, size, &mut samples, &mut mark).await?
     } else if cfg.owned {

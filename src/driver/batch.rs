@@ -123,9 +123,25 @@ impl<B: Send + 'static> RawBatch<B> {
         }
     }
 
+    /// Submits and posts the gathered requests now, without waiting for them (the wait
+    /// begins at the next [`poll_submit`](Self::poll_submit)). Does nothing once submitted.
+    pub(crate) fn start(&mut self) {
+        if self.phase == Phase::Gathering && !self.items.is_empty() {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            // Pending, or Done (a failed queue pair): either way the next poll goes on.
+            let _ = self.poll(&mut cx, true);
+        }
+    }
+
     /// Submits the gathered requests (at the first call) and drives them: Ready once every
     /// request has its outcome (see [`take_outcomes`](Self::take_outcomes)).
     pub(crate) fn poll_submit(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.poll(cx, false)
+    }
+
+    /// [`poll_submit`](Self::poll_submit); `starting`: [`start`](Self::start)'s call, which
+    /// only posts.
+    fn poll(&mut self, cx: &mut Context<'_>, starting: bool) -> Poll<()> {
         let RawBatch {
             cfg,
             items,
@@ -154,6 +170,12 @@ impl<B: Send + 'static> RawBatch<B> {
                     return finish(phase, cx);
                 }
                 wake.take_from(&mut st.out);
+                if starting {
+                    drop(st);
+                    wake.run();
+                    *phase = Phase::InFlight { next: 0 };
+                    return Poll::Pending;
+                }
                 // Posted under this lock: no outcome yet unless posting failed.
                 (0, st, true)
             }

@@ -95,9 +95,12 @@ pub(crate) async fn run(shared: Arc<Shared>) {
     // Busy mode: rounds this task has polled the CQ in a row and found nothing.
     let mut idle_rounds = 0u32;
     // The one timer of the rounds that need one (spinners to check on, a closing queue pair),
-    // made by the first such round and reset, not remade, by the next. A round that needs none
-    // (every round in event mode) neither reads the clock nor touches the timer wheel.
-    let mut timer: Option<Pin<Box<Sleep>>> = None;
+    // made here and reset by each such round (made lazily, it was an allocation in the middle
+    // of a busy-polling application's steady state: tests/alloc.rs). A Sleep joins the timer
+    // wheel only when polled, so a round that needs none (every round in event mode) neither
+    // reads the clock nor touches the wheel.
+    let mut timer: Pin<Box<Sleep>> =
+        Box::pin(tokio::time::sleep_until(tokio::time::Instant::now()));
     loop {
         shared.counters.task_wakeups.fetch_add(1, Ordering::Relaxed);
         let others_polled = spun_at != Some(shared.counters.polls.load(Ordering::Relaxed));
@@ -176,12 +179,9 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         };
         if let Some(d) = timeout {
             let at = tokio::time::Instant::now() + d;
-            match timer.as_mut() {
-                Some(t) => t.as_mut().reset(at),
-                None => timer = Some(Box::pin(tokio::time::sleep_until(at))),
-            }
+            timer.as_mut().reset(at);
         }
-        match wait(&afd, &shared, timer.as_mut().filter(|_| timeout.is_some())).await {
+        match wait(&afd, &shared, timeout.map(|_| &mut timer)).await {
             Woken::Readable(mut guard) => {
                 // One event at most is pending: this task is the only one that arms the CQ,
                 // and it arms only while `armed` is false, which it becomes only when the

@@ -28,7 +28,8 @@ use crate::error::{Error, Result};
 ///
 /// ```no_run
 /// # use tokio_rdma::driver::AsyncQp;
-/// # use tokio_rdma::buf::{RegisteredBuffer, RemoteToken};
+/// # use tokio_rdma::buf::RemoteToken;
+/// # use tokio_rdma::verbs::RegisteredBuffer;
 /// # async fn demo(qp: &AsyncQp, bufs: Vec<RegisteredBuffer>, remote: RemoteToken)
 /// #     -> tokio_rdma::Result<()> {
 /// let mut batch = qp.batch();
@@ -54,7 +55,7 @@ impl AsyncQp {
     ///
     /// ```no_run
     /// # use tokio_rdma::driver::AsyncQp;
-    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
     /// # async fn demo(qp: &AsyncQp, a: RegisteredBuffer, b: RegisteredBuffer) {
     /// let mut batch = qp.batch();
     /// batch.send(a).unwrap();
@@ -83,7 +84,8 @@ impl<B: SgSource> Batch<B> {
     ///
     /// ```no_run
     /// # use tokio_rdma::driver::AsyncQp;
-    /// # use tokio_rdma::buf::{RegisteredBuffer, RemoteToken};
+    /// # use tokio_rdma::buf::RemoteToken;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
     /// # fn demo(qp: &AsyncQp, buf: RegisteredBuffer, remote: RemoteToken) {
     /// let mut batch = qp.batch();
     /// if let Err((e, _buf)) = batch.write(buf, remote) {
@@ -107,7 +109,8 @@ impl<B: SgSource> Batch<B> {
     ///
     /// ```no_run
     /// # use tokio_rdma::driver::AsyncQp;
-    /// # use tokio_rdma::buf::{RegisteredBuffer, RemoteToken};
+    /// # use tokio_rdma::buf::RemoteToken;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
     /// # fn demo(qp: &AsyncQp, buf: RegisteredBuffer, remote: RemoteToken) {
     /// let mut batch = qp.batch();
     /// batch.write_with_imm(buf, remote, 7).map_err(|(e, _)| e).unwrap();
@@ -135,7 +138,7 @@ impl<B: SgSource> Batch<B> {
     ///
     /// ```no_run
     /// # use tokio_rdma::driver::AsyncQp;
-    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
     /// # fn demo(qp: &AsyncQp, buf: RegisteredBuffer) {
     /// let mut batch = qp.batch();
     /// batch.send(buf).map_err(|(e, _)| e).unwrap();
@@ -157,7 +160,7 @@ impl<B: SgSource> Batch<B> {
     ///
     /// ```no_run
     /// # use tokio_rdma::driver::AsyncQp;
-    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
     /// # fn demo(qp: &AsyncQp, buf: RegisteredBuffer) {
     /// let mut batch = qp.batch();
     /// batch.send_with_imm(buf, 42).map_err(|(e, _)| e).unwrap();
@@ -174,7 +177,7 @@ impl<B: SgSource> Batch<B> {
     ///
     /// ```no_run
     /// # use tokio_rdma::driver::AsyncQp;
-    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
     /// # fn demo(qp: &AsyncQp) {
     /// let batch = qp.batch::<RegisteredBuffer>();
     /// assert_eq!(batch.len(), 0);
@@ -190,7 +193,7 @@ impl<B: SgSource> Batch<B> {
     ///
     /// ```no_run
     /// # use tokio_rdma::driver::AsyncQp;
-    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
     /// # fn demo(qp: &AsyncQp) {
     /// assert!(qp.batch::<RegisteredBuffer>().is_empty());
     /// # }
@@ -218,7 +221,7 @@ impl<B: SgSource> Batch<B> {
     ///
     /// ```no_run
     /// # use tokio_rdma::driver::AsyncQp;
-    /// # use tokio_rdma::buf::RegisteredBuffer;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
     /// # async fn demo(qp: &AsyncQp, bufs: Vec<RegisteredBuffer>) -> tokio_rdma::Result<()> {
     /// let mut batch = qp.batch();
     /// for buf in bufs {
@@ -244,7 +247,8 @@ impl<B: SgSource> Batch<B> {
     ///
     /// ```no_run
     /// # use tokio_rdma::driver::AsyncQp;
-    /// # use tokio_rdma::buf::{RegisteredBuffer, RemoteToken};
+    /// # use tokio_rdma::buf::RemoteToken;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
     /// # async fn demo(qp: &AsyncQp, buf: RegisteredBuffer, remote: RemoteToken) {
     /// let mut batch = qp.batch();
     /// batch.write(buf, remote).map_err(|(e, _)| e).unwrap();
@@ -273,6 +277,34 @@ pub struct Submit<B: SgSource> {
 // Nothing in a batch is pinned: its buffers' memory is stable (the `IoBuf` contract) and the
 // batch moves freely.
 impl<B: SgSource> Unpin for Submit<B> {}
+
+impl<B: SgSource> Submit<B> {
+    /// Posts the batch now, without waiting for its completions (no CQ poll, no spin); await
+    /// the future later for the outcomes. Does nothing after the first call or poll. Keeps
+    /// several batches in flight from one task without a poll of each.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use tokio_rdma::driver::AsyncQp;
+    /// # use tokio_rdma::buf::RemoteToken;
+    /// # use tokio_rdma::verbs::RegisteredBuffer;
+    /// # async fn demo(qp: &AsyncQp, a: RegisteredBuffer, b: RegisteredBuffer, remote: RemoteToken) {
+    /// let (mut first, mut second) = (qp.batch(), qp.batch());
+    /// first.write(a, remote).map_err(|(e, _)| e).unwrap();
+    /// second.write(b, remote).map_err(|(e, _)| e).unwrap();
+    /// let (mut first, mut second) = (first.submit(), second.submit());
+    /// first.start();
+    /// second.start();
+    /// let (first, second) = (first.await, second.await);
+    /// # }
+    /// ```
+    pub fn start(&mut self) {
+        if let Some(batch) = self.batch.as_mut() {
+            batch.raw.start();
+        }
+    }
+}
 
 impl<B: SgSource> Future for Submit<B> {
     type Output = Batch<B>;
