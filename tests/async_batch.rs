@@ -207,6 +207,9 @@ async fn a_refused_request_comes_back_and_leaves_the_batch_as_it_was() {
         ),
         "{e}"
     );
+    // Nothing to hand out before a submission, and asking leaves the requests in place.
+    assert_eq!(batch.outcomes().len(), 0);
+    assert_eq!(batch.len(), MAX_BATCH);
     let mut batch = within(60, "a full batch", batch.submit()).await;
     assert_eq!(
         batch.outcomes().filter(|(r, _)| r.is_ok()).count(),

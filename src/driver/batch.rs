@@ -30,37 +30,37 @@ use super::shared::Shared;
 use super::state::State;
 use super::wait::Waiter;
 use crate::error::{Error, InvalidArgument, QpFailure, Result};
-use crate::proto::{OpInfo, WorkRequest};
+use crate::proto::WorkRequest;
 use crate::verbs::SendWr;
 
 /// The most requests one batch holds (one chain of work requests).
 pub const MAX_BATCH: usize = 16;
-
-/// One request of a batch: what to post, its buffers, and once posted its id and outcome.
-#[derive(Debug)]
-pub(crate) struct Item<B> {
-    wr: WorkRequest,
-    pub(crate) buf: B,
-    wr_id: u64,
-    pub(crate) outcome: Option<Result<OpInfo>>,
-}
 
 /// Where the batch is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Taking requests; nothing is posted.
     Gathering,
-    /// Submitted: the outcomes of items `..next` are collected, the others are awaited.
+    /// Submitted: the outcomes of requests `..next` are collected, the others are awaited.
     InFlight { next: usize },
     /// Every outcome is collected, not yet handed out.
     Done,
 }
 
 /// The engine behind [`ops::Batch`](crate::ops::Batch) (see the module's documentation).
+///
+/// The requests are kept column by column (work requests, buffers, ids): posting reads the
+/// first, handing the outcomes out moves only the buffers, and a success is recorded as
+/// nothing at all (the failures, rare, are listed with their index).
 #[derive(Debug)]
 pub(crate) struct RawBatch<B: Send + 'static> {
     cfg: OpConfig,
-    items: Vec<Item<B>>,
+    wrs: Vec<WorkRequest>,
+    bufs: Vec<B>,
+    /// The requests' `wr_id`s once submitted.
+    ids: [u64; MAX_BATCH],
+    /// The requests that failed, by index, in order (allocated on the first failure only).
+    failed: Vec<(usize, Error)>,
     phase: Phase,
     waiter: Waiter,
 }
@@ -69,7 +69,10 @@ impl<B: Send + 'static> RawBatch<B> {
     pub(crate) fn new(cfg: &OpConfig) -> RawBatch<B> {
         RawBatch {
             cfg: cfg.clone(),
-            items: Vec::with_capacity(MAX_BATCH),
+            wrs: Vec::with_capacity(MAX_BATCH),
+            bufs: Vec::with_capacity(MAX_BATCH),
+            ids: [0; MAX_BATCH],
+            failed: Vec::new(),
             phase: Phase::Gathering,
             waiter: Waiter::default(),
         }
@@ -82,7 +85,7 @@ impl<B: Send + 'static> RawBatch<B> {
     /// Requests gathered and not yet submitted (after a submission, until its outcomes are
     /// taken: the requests of that submission).
     pub(crate) fn len(&self) -> usize {
-        self.items.len()
+        self.bufs.len()
     }
 
     /// Adds a request (`wr`: its work request, or why it cannot be posted).
@@ -90,20 +93,19 @@ impl<B: Send + 'static> RawBatch<B> {
     /// # Errors
     ///
     /// `wr`'s error, or [`InvalidArgument::BatchFull`]; the buffer comes back.
+    #[inline]
     pub(crate) fn push(&mut self, wr: Result<WorkRequest>, buf: B) -> Result<(), (Error, B)> {
-        self.reset();
-        if self.items.len() == MAX_BATCH {
+        if self.phase != Phase::Gathering {
+            self.reset();
+        }
+        if self.bufs.len() == MAX_BATCH {
             let full = InvalidArgument::BatchFull { max: MAX_BATCH };
             return Err((Error::InvalidArgument(full), buf));
         }
         match wr {
             Ok(wr) => {
-                self.items.push(Item {
-                    wr,
-                    buf,
-                    wr_id: 0,
-                    outcome: None,
-                });
+                self.wrs.push(wr);
+                self.bufs.push(buf);
                 Ok(())
             }
             Err(e) => Err((e, buf)),
@@ -112,13 +114,16 @@ impl<B: Send + 'static> RawBatch<B> {
 
     /// Makes the batch ready to gather: outcomes nobody took are dropped (and the requests of
     /// an unfinished submission, which its owning wait makes unreachable here, given up).
+    #[cold]
     fn reset(&mut self) {
         match self.phase {
             Phase::Gathering => {}
             Phase::InFlight { .. } => self.abandon(),
             Phase::Done => {
                 self.phase = Phase::Gathering;
-                self.items.clear();
+                self.wrs.clear();
+                self.bufs.clear();
+                self.failed.clear();
             }
         }
     }
@@ -126,7 +131,7 @@ impl<B: Send + 'static> RawBatch<B> {
     /// Submits and posts the gathered requests now, without waiting for them (the wait
     /// begins at the next [`poll_submit`](Self::poll_submit)). Does nothing once submitted.
     pub(crate) fn start(&mut self) {
-        if self.phase == Phase::Gathering && !self.items.is_empty() {
+        if self.phase == Phase::Gathering && !self.bufs.is_empty() {
             let mut cx = Context::from_waker(std::task::Waker::noop());
             // Pending, or Done (a failed queue pair): either way the next poll goes on.
             let _ = self.poll(&mut cx, true);
@@ -144,28 +149,31 @@ impl<B: Send + 'static> RawBatch<B> {
     fn poll(&mut self, cx: &mut Context<'_>, starting: bool) -> Poll<()> {
         let RawBatch {
             cfg,
-            items,
+            wrs,
+            ids,
+            failed,
             phase,
             waiter,
+            ..
         } = self;
+        let n = wrs.len();
+        let ids = &mut ids[..n];
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
         let (mut next, mut st, mut fresh) = match *phase {
             Phase::Done => return finish(phase, cx),
             Phase::InFlight { next } => (next, shared.lock(), false),
-            Phase::Gathering if items.is_empty() => {
+            Phase::Gathering if n == 0 => {
                 *phase = Phase::Done;
                 return finish(phase, cx);
             }
             Phase::Gathering => {
                 let mut st = shared.lock();
                 waiter.start(shared);
-                if let Err(f) = submit(cfg, items, &mut st, &mut wake) {
+                if let Err(f) = submit(cfg, wrs, ids, &mut st, &mut wake) {
                     drop(st);
                     wake.run();
-                    for item in items.iter_mut() {
-                        item.outcome = Some(Err(Error::QpFailed(f.clone())));
-                    }
+                    failed.extend((0..n).map(|i| (i, Error::QpFailed(f.clone()))));
                     *phase = Phase::Done;
                     return finish(phase, cx);
                 }
@@ -182,17 +190,19 @@ impl<B: Send + 'static> RawBatch<B> {
         };
         loop {
             if !fresh {
-                while let Some(item) = items.get_mut(next) {
-                    match st.core.poll_result(item.wr_id, None) {
+                while let Some(&id) = ids.get(next) {
+                    match st.core.poll_result(id, None) {
                         Poll::Ready(out) => {
-                            item.outcome = Some(out);
+                            if let Err(e) = out {
+                                failed.push((next, e));
+                            }
                             next += 1;
                         }
                         Poll::Pending => break,
                     }
                 }
             }
-            let Some(item) = items.get_mut(next) else {
+            let Some(&id) = ids.get(next) else {
                 drop(st);
                 wake.run();
                 waiter.done(shared, WaitKind::Send);
@@ -204,7 +214,7 @@ impl<B: Send + 'static> RawBatch<B> {
                 shared,
                 waiter,
                 WaitKind::Send,
-                item.wr_id,
+                id,
                 st,
                 fresh,
                 false,
@@ -213,7 +223,9 @@ impl<B: Send + 'static> RawBatch<B> {
             );
             match out {
                 Poll::Ready(out) => {
-                    item.outcome = Some(out);
+                    if let Err(e) = out {
+                        failed.push((next, e));
+                    }
                     next += 1;
                     fresh = false;
                     st = shared.lock();
@@ -226,14 +238,17 @@ impl<B: Send + 'static> RawBatch<B> {
         }
     }
 
-    /// The requests of the finished submission with their outcomes, oldest first; the batch
-    /// gathers again.
-    pub(crate) fn take_outcomes(&mut self) -> std::vec::Drain<'_, Item<B>> {
-        let done = self.phase == Phase::Done;
+    /// The finished submission's buffers, oldest first, and its failures (by index); the
+    /// batch gathers again. Empty (and the batch untouched) unless every outcome is collected.
+    pub(crate) fn take_outcomes(
+        &mut self,
+    ) -> (std::vec::Drain<'_, B>, std::vec::Drain<'_, (usize, Error)>) {
+        if self.phase != Phase::Done {
+            return (self.bufs.drain(..0), self.failed.drain(..0));
+        }
         self.phase = Phase::Gathering;
-        // Nothing to hand out unless every outcome is collected.
-        let n = if done { self.items.len() } else { 0 };
-        self.items.drain(..n)
+        self.wrs.clear();
+        (self.bufs.drain(..), self.failed.drain(..))
     }
 
     /// A submission's wait was dropped before its end: gives up its requests.
@@ -247,16 +262,18 @@ impl<B: Send + 'static> RawBatch<B> {
         self.phase = Phase::Gathering;
         let shared: &Shared = &self.cfg.shared;
         self.waiter.leave(shared);
-        let items = std::mem::replace(&mut self.items, Vec::with_capacity(MAX_BATCH));
-        let mut kept = Vec::with_capacity(items.len());
+        self.wrs.clear();
+        self.failed.clear();
+        let bufs = std::mem::replace(&mut self.bufs, Vec::with_capacity(MAX_BATCH));
+        let mut kept = Vec::with_capacity(bufs.len());
         let mut st = shared.lock();
-        for (i, item) in items.into_iter().enumerate() {
+        for (i, buf) in bufs.into_iter().enumerate() {
             if i < next {
-                kept.push(item.buf);
+                kept.push(buf);
                 continue;
             }
-            let mut buf = Some(item.buf);
-            st.core.cancel_with(item.wr_id, || {
+            let mut buf = Some(buf);
+            st.core.cancel_with(self.ids[i], || {
                 Box::new(buf.take().expect("parked once")) as Payload
             });
             kept.extend(buf);
@@ -279,43 +296,39 @@ fn finish(phase: &mut Phase, cx: &mut Context<'_>) -> Poll<()> {
     }
 }
 
-/// Submits and posts `items` under the lock `st`: straight from the batch as one chain when
-/// they can all go now, else queued behind the others and posted with what fits.
+/// Submits and posts `wrs` under the lock `st`, their ids into `ids`: straight from the batch
+/// as one chain when they can all go now, else queued behind the others and posted with what
+/// fits.
 ///
 /// # Errors
 ///
 /// The queue pair failed (its cause) or is gone: nothing was submitted.
-fn submit<B>(
+fn submit(
     cfg: &OpConfig,
-    items: &mut [Item<B>],
+    wrs: &[WorkRequest],
+    ids: &mut [u64],
     st: &mut MutexGuard<'_, State>,
     wake: &mut Deferred,
 ) -> std::result::Result<(), QpFailure> {
-    let n = items.len();
-    let mut signaled = [false; MAX_BATCH];
-    let direct = st.core.submit_posted_sends(cfg.qp, n, |i, wr_id, s| {
-        items[i].wr_id = wr_id;
-        signaled[i] = s;
-    })?;
+    let n = wrs.len();
+    let mut chain = [const { SendWr::EMPTY }; MAX_BATCH];
+    let direct = st
+        .core
+        .submit_posted_sends(cfg.qp, n, |i, wr_id, signaled| {
+            ids[i] = wr_id;
+            chain[i] = post::send_wr(wr_id, &wrs[i], signaled);
+        })?;
     if direct {
-        let mut wrs = [const { SendWr::EMPTY }; MAX_BATCH];
-        let mut ids = [0u64; MAX_BATCH];
-        for (i, item) in items.iter().enumerate() {
-            wrs[i] = post::send_wr(item.wr_id, &item.wr, signaled[i]);
-            ids[i] = item.wr_id;
-        }
         // SAFETY: each request's buffers stay in this batch until its outcome is collected,
         // or move into the table first (`abandon`): the memory outlives the device's use.
-        unsafe {
-            post::post_send_list(st, &cfg.shared.counters, cfg.qp, &wrs[..n], &ids[..n], wake)
-        };
+        unsafe { post::post_send_list(st, &cfg.shared.counters, cfg.qp, &chain[..n], ids, wake) };
         return Ok(());
     }
     // Queued behind what waits for room (the slow path): the requests are copied into the
     // queue pair's pending list and posted as they fit.
-    for item in items.iter_mut() {
-        let queued = st.core.submit_unparked(cfg.qp, item.wr.clone());
-        item.wr_id = queued
+    for (id, wr) in ids.iter_mut().zip(wrs) {
+        let queued = st.core.submit_unparked(cfg.qp, wr.clone());
+        *id = queued
             .expect("the queue pair was checked under this lock")
             .wr_id;
     }

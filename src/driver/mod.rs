@@ -44,7 +44,7 @@ use std::sync::atomic::Ordering;
 use tracing::debug;
 
 pub use batch::MAX_BATCH;
-pub(crate) use batch::{Item as BatchItem, RawBatch};
+pub(crate) use batch::RawBatch;
 pub(crate) use completion::ChannelFd;
 pub(crate) use deferred::{Deferred, Sink};
 pub(crate) use latency::WaitKind;

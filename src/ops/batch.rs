@@ -9,7 +9,7 @@ use super::send::send_request;
 use super::sg::SgSource;
 use super::write::write_request;
 use crate::buf::RemoteToken;
-use crate::driver::{AsyncQp, BatchItem, RawBatch};
+use crate::driver::{AsyncQp, RawBatch};
 use crate::error::{Error, Result};
 
 /// Up to [`MAX_BATCH`](crate::driver::MAX_BATCH) sends and writes of one queue pair, posted together: one chained
@@ -257,8 +257,11 @@ impl<B: SgSource> Batch<B> {
     /// # }
     /// ```
     pub fn outcomes(&mut self) -> Outcomes<'_, B> {
+        let (bufs, failed) = self.raw.take_outcomes();
         Outcomes {
-            items: self.raw.take_outcomes(),
+            bufs,
+            failed: failed.peekable(),
+            next: 0,
         }
     }
 }
@@ -322,21 +325,30 @@ impl<B: SgSource> Future for Submit<B> {
 /// and its buffers. Dropping it drops the buffers not taken yet.
 #[derive(Debug)]
 pub struct Outcomes<'a, B: SgSource> {
-    items: std::vec::Drain<'a, BatchItem<B>>,
+    bufs: std::vec::Drain<'a, B>,
+    /// The failed requests, by index, in order.
+    failed: std::iter::Peekable<std::vec::Drain<'a, (usize, Error)>>,
+    /// The index of the next request.
+    next: usize,
 }
 
 impl<B: SgSource> Iterator for Outcomes<'_, B> {
     type Item = (Result<()>, B);
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        self.items.next().map(|item| {
-            let out = item.outcome.expect("collected before handed out");
-            (out.map(|_| ()), item.buf)
-        })
+        let buf = self.bufs.next()?;
+        let i = self.next;
+        self.next += 1;
+        let res = match self.failed.next_if(|(at, _)| *at == i) {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        };
+        Some((res, buf))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        self.items.size_hint()
+        self.bufs.size_hint()
     }
 }
 
