@@ -30,8 +30,8 @@ use super::shared::Shared;
 use super::state::State;
 use super::wait::Waiter;
 use crate::error::{Error, InvalidArgument, QpFailure, Result};
-use crate::proto::WorkRequest;
-use crate::verbs::SendWr;
+use crate::proto::{SgList, WorkRequest};
+use crate::verbs::{SendOp, SendWr};
 
 /// The most requests one batch holds (one chain of work requests).
 pub const MAX_BATCH: usize = 16;
@@ -55,6 +55,8 @@ enum Phase {
 #[derive(Debug)]
 pub(crate) struct RawBatch<B: Send + 'static> {
     cfg: OpConfig,
+    /// The requests' work requests: slot `i` is request `i`'s while `i < bufs.len()` (the
+    /// slots are kept and rewritten in place by each round).
     wrs: Vec<WorkRequest>,
     bufs: Vec<B>,
     /// The requests' `wr_id`s once submitted.
@@ -78,33 +80,39 @@ impl<B: Send + 'static> RawBatch<B> {
         }
     }
 
-    pub(crate) fn cfg(&self) -> &OpConfig {
-        &self.cfg
-    }
-
     /// Requests gathered and not yet submitted (after a submission, until its outcomes are
     /// taken: the requests of that submission).
     pub(crate) fn len(&self) -> usize {
         self.bufs.len()
     }
 
-    /// Adds a request (`wr`: its work request, or why it cannot be posted).
+    /// Adds a request: `fill` writes its work request into the batch's next slot, where it
+    /// stays (nothing is moved), or says why it cannot be posted.
     ///
     /// # Errors
     ///
-    /// `wr`'s error, or [`InvalidArgument::BatchFull`]; the buffer comes back.
+    /// `fill`'s error, or [`InvalidArgument::BatchFull`]; the buffer comes back.
     #[inline]
-    pub(crate) fn push(&mut self, wr: Result<WorkRequest>, buf: B) -> Result<(), (Error, B)> {
+    pub(crate) fn push_with(
+        &mut self,
+        buf: B,
+        fill: impl FnOnce(&OpConfig, &B, &mut WorkRequest) -> Result<()>,
+    ) -> Result<(), (Error, B)> {
         if self.phase != Phase::Gathering {
             self.reset();
         }
-        if self.bufs.len() == MAX_BATCH {
+        let i = self.bufs.len();
+        if i == MAX_BATCH {
             let full = InvalidArgument::BatchFull { max: MAX_BATCH };
             return Err((Error::InvalidArgument(full), buf));
         }
-        match wr {
-            Ok(wr) => {
-                self.wrs.push(wr);
+        if self.wrs.len() == i {
+            // The slots are made once and reused by every round.
+            self.wrs
+                .push(WorkRequest::send_list(SendOp::Send, SgList::new()));
+        }
+        match fill(&self.cfg, &buf, &mut self.wrs[i]) {
+            Ok(()) => {
                 self.bufs.push(buf);
                 Ok(())
             }
@@ -121,7 +129,6 @@ impl<B: Send + 'static> RawBatch<B> {
             Phase::InFlight { .. } => self.abandon(),
             Phase::Done => {
                 self.phase = Phase::Gathering;
-                self.wrs.clear();
                 self.bufs.clear();
                 self.failed.clear();
             }
@@ -150,13 +157,14 @@ impl<B: Send + 'static> RawBatch<B> {
         let RawBatch {
             cfg,
             wrs,
+            bufs,
             ids,
             failed,
             phase,
             waiter,
-            ..
         } = self;
-        let n = wrs.len();
+        let n = bufs.len();
+        let wrs = &wrs[..n];
         let ids = &mut ids[..n];
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
@@ -190,17 +198,10 @@ impl<B: Send + 'static> RawBatch<B> {
         };
         loop {
             if !fresh {
-                while let Some(&id) = ids.get(next) {
-                    match st.core.poll_result(id, None) {
-                        Poll::Ready(out) => {
-                            if let Err(e) = out {
-                                failed.push((next, e));
-                            }
-                            next += 1;
-                        }
-                        Poll::Pending => break,
-                    }
-                }
+                let from = next;
+                next += st
+                    .core
+                    .collect_done(&ids[from..], |i, e| failed.push((from + i, e)));
             }
             let Some(&id) = ids.get(next) else {
                 drop(st);
@@ -247,7 +248,6 @@ impl<B: Send + 'static> RawBatch<B> {
             return (self.bufs.drain(..0), self.failed.drain(..0));
         }
         self.phase = Phase::Gathering;
-        self.wrs.clear();
         (self.bufs.drain(..), self.failed.drain(..))
     }
 
@@ -262,7 +262,6 @@ impl<B: Send + 'static> RawBatch<B> {
         self.phase = Phase::Gathering;
         let shared: &Shared = &self.cfg.shared;
         self.waiter.leave(shared);
-        self.wrs.clear();
         self.failed.clear();
         let bufs = std::mem::replace(&mut self.bufs, Vec::with_capacity(MAX_BATCH));
         let mut kept = Vec::with_capacity(bufs.len());

@@ -5,9 +5,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::send::send_request;
+use super::send::fill_send;
 use super::sg::SgSource;
-use super::write::write_request;
+use super::write::fill_write;
 use crate::buf::RemoteToken;
 use crate::driver::{AsyncQp, RawBatch};
 use crate::error::{Error, Result};
@@ -45,7 +45,9 @@ use crate::error::{Error, Result};
 /// ```
 #[derive(Debug)]
 pub struct Batch<B: SgSource> {
-    raw: RawBatch<B>,
+    /// Boxed once, when the batch is made: a batch moves into its submission and back out
+    /// every round, and its engine (ids, lists, wait state) is a few hundred bytes.
+    raw: Box<RawBatch<B>>,
 }
 
 impl AsyncQp {
@@ -65,7 +67,7 @@ impl AsyncQp {
     /// ```
     pub fn batch<B: SgSource>(&self) -> Batch<B> {
         Batch {
-            raw: RawBatch::new(self.op_config()),
+            raw: Box::new(RawBatch::new(self.op_config())),
         }
     }
 }
@@ -94,8 +96,8 @@ impl<B: SgSource> Batch<B> {
     /// # }
     /// ```
     pub fn write(&mut self, buf: B, remote: RemoteToken) -> Result<(), (Error, B)> {
-        let wr = write_request(self.raw.cfg(), &buf, remote, None);
-        self.raw.push(wr, buf)
+        self.raw
+            .push_with(buf, |cfg, b, wr| fill_write(cfg, b, remote, None, wr))
     }
 
     /// Adds a write of `buf` to `remote` that delivers `imm` in a receive completion at the
@@ -122,8 +124,8 @@ impl<B: SgSource> Batch<B> {
         remote: RemoteToken,
         imm: u32,
     ) -> Result<(), (Error, B)> {
-        let wr = write_request(self.raw.cfg(), &buf, remote, Some(imm));
-        self.raw.push(wr, buf)
+        self.raw
+            .push_with(buf, |cfg, b, wr| fill_write(cfg, b, remote, Some(imm), wr))
     }
 
     /// Adds a send of the initialised bytes of `buf`; the peer must have a receive posted.
@@ -146,8 +148,8 @@ impl<B: SgSource> Batch<B> {
     /// # }
     /// ```
     pub fn send(&mut self, buf: B) -> Result<(), (Error, B)> {
-        let wr = send_request(self.raw.cfg(), &buf, None);
-        self.raw.push(wr, buf)
+        self.raw
+            .push_with(buf, |cfg, b, wr| fill_send(cfg, b, None, wr))
     }
 
     /// Adds a send of `buf` with 32-bit immediate data.
@@ -167,8 +169,8 @@ impl<B: SgSource> Batch<B> {
     /// # }
     /// ```
     pub fn send_with_imm(&mut self, buf: B, imm: u32) -> Result<(), (Error, B)> {
-        let wr = send_request(self.raw.cfg(), &buf, Some(imm));
-        self.raw.push(wr, buf)
+        self.raw
+            .push_with(buf, |cfg, b, wr| fill_send(cfg, b, Some(imm), wr))
     }
 
     /// How many requests the batch holds.

@@ -4,10 +4,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::sg::{SgSource, source_list};
+use super::sg::{SgSource, source_list_into};
 use crate::driver::{OpConfig, RawOp};
 use crate::error::Result;
-use crate::proto::WorkRequest;
+use crate::proto::{Queue, SgList, WorkRequest};
 use crate::verbs::SendOp;
 
 /// The future of [`AsyncQp::send`](crate::driver::AsyncQp::send) and
@@ -50,16 +50,29 @@ pub(crate) fn send_request<B: SgSource>(
     buf: &B,
     imm: Option<u32>,
 ) -> Result<WorkRequest> {
-    source_list(buf, cfg.caps.max_send_sge).map(|sges| {
-        let op = match imm {
-            Some(imm) => SendOp::SendWithImm(imm),
-            None => SendOp::Send,
-        };
-        let total = sges.total_len();
-        let mut wr = WorkRequest::send_list(op, sges);
-        wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
-        wr
-    })
+    let mut wr = WorkRequest::send_list(SendOp::Send, SgList::new());
+    fill_send(cfg, buf, imm, &mut wr)?;
+    Ok(wr)
+}
+
+/// [`send_request`] written into `wr` where it lies (a batch's slot: nothing moved).
+#[inline]
+pub(crate) fn fill_send<B: SgSource>(
+    cfg: &OpConfig,
+    buf: &B,
+    imm: Option<u32>,
+    wr: &mut WorkRequest,
+) -> Result<()> {
+    source_list_into(buf, cfg.caps.max_send_sge, &mut wr.sges)?;
+    wr.op = match imm {
+        Some(imm) => SendOp::SendWithImm(imm),
+        None => SendOp::Send,
+    };
+    let total = wr.sges.total_len();
+    wr.queue = Queue::Send;
+    wr.solicited = false;
+    wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
+    Ok(())
 }
 
 impl<B: SgSource> Future for Send<B> {

@@ -135,13 +135,13 @@ impl<B: IoBufMut> SgTarget for BufList<B> {
     }
 }
 
-/// Builds the scatter/gather list of a source, checking the queue pair's SGE limit.
+/// Builds the scatter/gather list of a source into `out` (emptied first; a spilled one keeps
+/// its memory), checking the queue pair's SGE limit.
 #[inline]
-pub(crate) fn source_list<S: SgSource>(src: &S, max_sge: u32) -> Result<SgList> {
-    let mut l = SgList::new();
-    src.source_segments(&mut l)?;
-    check_count(l.len(), max_sge)?;
-    Ok(l)
+pub(crate) fn source_list_into<S: SgSource>(src: &S, max_sge: u32, out: &mut SgList) -> Result<()> {
+    out.clear();
+    src.source_segments(out)?;
+    check_count(out.len(), max_sge)
 }
 
 /// Builds the scatter/gather list of a target, checking the queue pair's SGE limit.
@@ -169,6 +169,12 @@ pub(crate) fn check_count(n: usize, max_sge: u32) -> Result<()> {
 mod tests {
     use super::*;
 
+    fn source_list<S: SgSource>(src: &S, max_sge: u32) -> Result<SgList> {
+        let mut l = SgList::new();
+        source_list_into(src, max_sge, &mut l)?;
+        Ok(l)
+    }
+
     #[test]
     fn unregistered_memory_is_rejected_with_a_clear_error() {
         let err = source_list(&vec![1u8; 4], 4).unwrap_err();
@@ -187,6 +193,25 @@ mod tests {
                 .as_slice()
                 .is_empty()
         );
+    }
+
+    /// A list refilled in place (a batch's slot) holds only the new entries, also after it
+    /// had spilled to the heap.
+    #[test]
+    fn a_list_refilled_in_place_holds_only_the_new_entries() {
+        let mut l = SgList::new();
+        for i in 0..6u32 {
+            l.push(crate::verbs::Sge::new(u64::from(i) * 8, 8, 7));
+        }
+        assert_eq!(l.len(), 6);
+        let empty: Vec<u8> = Vec::new();
+        source_list_into(&empty, 4, &mut l).unwrap();
+        assert!(l.as_slice().is_empty());
+        for i in 0..2u32 {
+            l.push(crate::verbs::Sge::new(u64::from(i), 1, 7));
+        }
+        assert_eq!(l.as_slice().len(), 2);
+        assert_eq!(l.total_len(), 2);
     }
 
     #[test]

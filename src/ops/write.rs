@@ -4,11 +4,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::sg::{SgSource, source_list};
+use super::sg::{SgSource, source_list_into};
 use crate::buf::RemoteToken;
 use crate::driver::{OpConfig, RawOp};
 use crate::error::Result;
-use crate::proto::WorkRequest;
+use crate::proto::{Queue, SgList, WorkRequest};
 use crate::verbs::SendOp;
 
 /// The future of [`AsyncQp::write`](crate::driver::AsyncQp::write) and
@@ -54,22 +54,36 @@ pub(crate) fn write_request<B: SgSource>(
     remote: RemoteToken,
     imm: Option<u32>,
 ) -> Result<WorkRequest> {
-    source_list(buf, cfg.caps.max_send_sge).and_then(|sges| {
-        let total = sges.total_len();
-        let remote_addr = remote.check(0, total)?;
-        let rkey = remote.rkey();
-        let op = match imm {
-            Some(imm) => SendOp::WriteWithImm {
-                remote_addr,
-                rkey,
-                imm,
-            },
-            None => SendOp::Write { remote_addr, rkey },
-        };
-        let mut wr = WorkRequest::send_list(op, sges);
-        wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
-        Ok(wr)
-    })
+    let mut wr = WorkRequest::send_list(SendOp::Send, SgList::new());
+    fill_write(cfg, buf, remote, imm, &mut wr)?;
+    Ok(wr)
+}
+
+/// [`write_request`] written into `wr` where it lies (a batch's slot: nothing moved).
+#[inline]
+pub(crate) fn fill_write<B: SgSource>(
+    cfg: &OpConfig,
+    buf: &B,
+    remote: RemoteToken,
+    imm: Option<u32>,
+    wr: &mut WorkRequest,
+) -> Result<()> {
+    source_list_into(buf, cfg.caps.max_send_sge, &mut wr.sges)?;
+    let total = wr.sges.total_len();
+    let remote_addr = remote.check(0, total)?;
+    let rkey = remote.rkey();
+    wr.op = match imm {
+        Some(imm) => SendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        },
+        None => SendOp::Write { remote_addr, rkey },
+    };
+    wr.queue = Queue::Send;
+    wr.solicited = false;
+    wr.inline = cfg.inline && total > 0 && total <= u64::from(cfg.caps.max_inline_data);
+    Ok(())
 }
 
 impl<B: SgSource> Future for Write<B> {

@@ -430,6 +430,38 @@ impl<P> Core<P> {
         Poll::Ready((outcome, payload))
     }
 
+    /// Collects the outcomes of the operations `ids` (submitted with
+    /// [`submit_unparked`](Self::submit_unparked)), oldest first, while they are complete:
+    /// a success is dropped, a failure handed to `failed` with its index. Returns how many
+    /// were collected (their entries are gone); the next one is not complete yet. A batch's
+    /// look at its requests: no waker registered, no outcome built for a success.
+    ///
+    /// # Panics
+    ///
+    /// If an id is not in the table.
+    pub fn collect_done(&mut self, ids: &[u64], mut failed: impl FnMut(usize, Error)) -> usize {
+        for (i, &wr_id) in ids.iter().enumerate() {
+            let entry = self
+                .table
+                .get_mut(wr_id)
+                .expect("operation is in the table");
+            match &mut entry.lifecycle {
+                Lifecycle::Done(_) => {}
+                Lifecycle::Failed(_) => {
+                    let Lifecycle::Failed(err) =
+                        std::mem::replace(&mut entry.lifecycle, Lifecycle::Cancelled)
+                    else {
+                        unreachable!("matched above");
+                    };
+                    failed(i, err);
+                }
+                _ => return i,
+            }
+            self.table.free(wr_id);
+        }
+        ids.len()
+    }
+
     /// Whether operation `wr_id` has its outcome (cheap check, no waker registered).
     pub fn is_complete(&self, wr_id: u64) -> bool {
         self.table

@@ -64,6 +64,13 @@ impl SgList {
         self.len += 1;
     }
 
+    /// Empties the list (a spilled list keeps its heap memory for the next use).
+    #[inline]
+    pub fn clear(&mut self) {
+        self.len = 0;
+        self.spill.clear();
+    }
+
     /// Number of entries.
     #[inline]
     pub fn len(&self) -> usize {

@@ -343,19 +343,45 @@ fn a_batch_failing_in_the_middle_gives_each_request_its_outcome() {
         core.submit_posted_sends(qp, 4, |_, id, _| ids.push(id))
             .unwrap()
     );
+    let none = |i: usize, e: Error| panic!("request {i} failed: {e}");
+    assert_eq!(core.collect_done(&ids, none), 0, "nothing complete yet");
     let out = complete(&mut core, cqe_err(ids[1], WcStatus::RemAccessErr, 0));
     assert_eq!(out.failed, [qp]);
     for &id in &ids[2..] {
         complete(&mut core, cqe_err(id, WcStatus::WrFlushErr, 0));
     }
-    assert!(matches!(core.poll_result(ids[0], None), Poll::Ready(Ok(_))));
-    for &id in &ids[1..] {
-        match core.poll_result(id, None) {
-            Poll::Ready(Err(Error::QpFailed(QpFailure::WorkCompletion { status, .. }))) => {
-                assert_eq!(status, WcStatus::RemAccessErr, "op {id:#x}")
+    let mut failed = Vec::new();
+    assert_eq!(core.collect_done(&ids, |i, e| failed.push((i, e))), 4);
+    assert_eq!(failed.iter().map(|f| f.0).collect::<Vec<_>>(), [1, 2, 3]);
+    for (i, e) in failed {
+        match e {
+            Error::QpFailed(QpFailure::WorkCompletion { status, .. }) => {
+                assert_eq!(status, WcStatus::RemAccessErr, "request {i}")
             }
-            other => panic!("op {id:#x}: {other:?}"),
+            other => panic!("request {i}: {other:?}"),
         }
     }
+    assert_eq!(core.ops_in_table(), 0);
+}
+
+/// `collect_done` stops at the first request without its outcome and takes nothing past it;
+/// the same requests collected one by one with `poll_result` give the same outcomes.
+#[test]
+fn collecting_a_batch_stops_at_the_first_incomplete_request() {
+    let mut core: Core<()> = Core::new();
+    // Every other send signaled: the first two complete together, the last two wait.
+    let qp = core.add_qp(QpConfig::new(16, 1, 2)).unwrap();
+    let mut ids = Vec::new();
+    assert!(
+        core.submit_posted_sends(qp, 4, |_, id, _| ids.push(id))
+            .unwrap()
+    );
+    complete(&mut core, Cqe::success(ids[1], 0));
+    let none = |i: usize, e: Error| panic!("request {i} failed: {e}");
+    assert_eq!(core.collect_done(&ids, none), 2);
+    assert_eq!(core.ops_in_table(), 2, "the incomplete ones stay");
+    assert!(core.poll_result(ids[2], None).is_pending());
+    complete(&mut core, Cqe::success(ids[3], 0));
+    assert_eq!(core.collect_done(&ids[2..], none), 2);
     assert_eq!(core.ops_in_table(), 0);
 }
