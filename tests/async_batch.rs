@@ -359,3 +359,12 @@ async fn an_empty_batch_resolves_at_once_with_nothing() {
     }
     assert_eq!(p.driver.stats().posted, 0);
 }
+
+/// A batch and its submission move to other tasks and threads (`tokio::spawn` on the
+/// multi-thread runtime): checked at compile time, no device needed.
+#[test]
+fn a_batch_and_its_submission_are_send() {
+    fn send<T: Send>() {}
+    send::<tokio_rdma::ops::Batch<RegisteredBuffer>>();
+    send::<tokio_rdma::ops::Submit<RegisteredBuffer>>();
+}

@@ -24,7 +24,11 @@ pub async fn bw_client(
     mut mark: impl FnMut(usize),
 ) -> Res<u64> {
     let qp = &side.qps[0];
-    let remote = side.remote[0].slice(0..size as u64)?;
+    // Writes only: a send's peer exposes no memory for it.
+    let remote = match cfg.test {
+        Test::WriteBw => Some(side.remote[0].slice(0..size as u64)?),
+        _ => None,
+    };
     let mut bufs = chunks(&side.pd, size, cfg.depth, SLOT_BYTES)?;
     // Enough batches for every buffer to be in one.
     let mut spare: Vec<Batch<Chunk>> = (0..bufs.len().div_ceil(MAX_BATCH))
@@ -44,7 +48,7 @@ pub async fn bw_client(
 /// is awaited, and its buffers go out again. With `cfg.op_latency`, pushes each request's
 /// post-to-completion time (us) into `samples`.
 async fn bw_loop(
-    remote: RemoteToken,
+    remote: Option<RemoteToken>,
     cfg: &TestConfig,
     iters: usize,
     bufs: &mut Vec<Chunk>,
@@ -58,9 +62,9 @@ async fn bw_loop(
             let Some(mut batch) = spare.pop() else { break };
             while batch.len() < MAX_BATCH.min(left) {
                 let Some(c) = bufs.pop() else { break };
-                let added = match cfg.test {
-                    Test::WriteBw => batch.write(c, remote),
-                    _ => batch.send(c),
+                let added = match remote {
+                    Some(remote) => batch.write(c, remote),
+                    None => batch.send(c),
                 };
                 added.map_err(|(e, _)| e)?;
             }
