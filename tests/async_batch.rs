@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 use common::{AsyncPair, all_access, async_pair_with, pattern, posted, reg_with, within};
 use tokio_rdma::buf::RemoteToken;
 use tokio_rdma::driver::{CompletionMode, DriverOptions, MAX_BATCH, QpOptions};
+use tokio_rdma::ops::Batch;
 use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
 use tokio_rdma::{Error, InvalidArgument, QpFailure, WcStatus};
 
@@ -40,6 +41,32 @@ fn modes() -> [CompletionMode; 3] {
 
 fn is_status(e: &Error, want: WcStatus) -> bool {
     matches!(e, Error::QpFailed(QpFailure::WorkCompletion { status, .. }) if *status == want)
+}
+
+/// A full batch of writes: write `n` (`part * MAX_BATCH + i`) carries `pattern(LEN, n)` to
+/// slot `n` (`LEN` bytes) of `remote`.
+fn writes(p: &AsyncPair, remote: RemoteToken, part: usize) -> Batch<RegisteredBuffer> {
+    let mut batch = p.a.batch();
+    for i in 0..MAX_BATCH {
+        let n = part * MAX_BATCH + i;
+        let tx = reg_with(&p.pd, &pattern(LEN, n as u8), AccessFlags::LOCAL_WRITE);
+        let slot = remote
+            .slice((n * LEN) as u64..((n + 1) * LEN) as u64)
+            .unwrap();
+        batch.write(tx, slot).map_err(|(e, _)| e).unwrap();
+    }
+    batch
+}
+
+/// Whether every write of batches `parts` (see [`writes`]) landed in `target`.
+fn landed(target: &RegisteredBuffer, parts: std::ops::Range<usize>) -> bool {
+    parts
+        .flat_map(|part| part * MAX_BATCH..(part + 1) * MAX_BATCH)
+        .all(|n| {
+            let mut got = vec![0u8; LEN];
+            target.read_at(n * LEN, &mut got);
+            got == pattern(LEN, n as u8)
+        })
 }
 
 /// Full batches of writes, each to its own slot of the target, in every completion mode: every
@@ -110,16 +137,7 @@ async fn batches_started_together_are_in_flight_together() {
         let before = p.driver.stats();
         let mut subs = Vec::new();
         for part in 0..4 {
-            let mut batch = p.a.batch();
-            for i in 0..MAX_BATCH {
-                let n = part * MAX_BATCH + i;
-                let tx = reg_with(&p.pd, &pattern(LEN, n as u8), AccessFlags::LOCAL_WRITE);
-                let slot = remote
-                    .slice((n * LEN) as u64..((n + 1) * LEN) as u64)
-                    .unwrap();
-                batch.write(tx, slot).map_err(|(e, _)| e).unwrap();
-            }
-            let mut sub = batch.submit();
+            let mut sub = writes(&p, remote, part).submit();
             sub.start();
             sub.start(); // a second call does nothing
             subs.push(sub);
@@ -137,11 +155,7 @@ async fn batches_started_together_are_in_flight_together() {
         let after = p.driver.stats();
         assert_eq!(after.doorbells - before.doorbells, 4, "{mode:?}");
         assert_eq!(after.completions - before.completions, 4, "{mode:?}");
-        for n in 0..4 * MAX_BATCH {
-            let mut got = vec![0u8; LEN];
-            target.read_at(n * LEN, &mut got);
-            assert_eq!(got, pattern(LEN, n as u8), "{mode:?} write {n}");
-        }
+        assert!(landed(&target, 0..4), "{mode:?}: every write landed");
         assert_eq!(after.ops_in_table, 0, "{mode:?}");
     }
 }
@@ -262,23 +276,12 @@ async fn a_batch_deeper_than_the_send_queue_is_posted_as_room_frees() {
         let p = pair(mode, 4);
         let target = RegisteredBuffer::new(&p.pd, MAX_BATCH * LEN, all_access()).unwrap();
         let remote = token(&target);
-        let mut batch = p.a.batch();
-        for i in 0..MAX_BATCH {
-            let tx = reg_with(&p.pd, &pattern(LEN, i as u8), AccessFlags::LOCAL_WRITE);
-            let slot = remote
-                .slice((i * LEN) as u64..((i + 1) * LEN) as u64)
-                .unwrap();
-            batch.write(tx, slot).map_err(|(e, _)| e).unwrap();
-        }
+        let batch = writes(&p, remote, 0);
         let mut batch = within(60, "a deep batch", batch.submit()).await;
         for (res, _) in batch.outcomes() {
             res.unwrap_or_else(|e| panic!("{mode:?}: {e}"));
         }
-        for i in 0..MAX_BATCH {
-            let mut got = vec![0u8; LEN];
-            target.read_at(i * LEN, &mut got);
-            assert_eq!(got, pattern(LEN, i as u8), "{mode:?} slot {i}");
-        }
+        assert!(landed(&target, 0..1), "{mode:?}: every write landed");
         assert_eq!(p.driver.stats().ops_in_table, 0, "{mode:?}");
     }
 }
@@ -292,36 +295,15 @@ async fn a_dropped_or_forgotten_submission_gives_its_requests_up_safely() {
     let p = pair(CompletionMode::Event, 32);
     let target = RegisteredBuffer::new(&p.pd, 3 * MAX_BATCH * LEN, all_access()).unwrap();
     let remote = token(&target);
-    let fill = |part: usize| {
-        let mut batch = p.a.batch();
-        for i in 0..MAX_BATCH {
-            let n = part * MAX_BATCH + i;
-            let tx = reg_with(&p.pd, &pattern(LEN, n as u8), AccessFlags::LOCAL_WRITE);
-            let slot = remote
-                .slice((n * LEN) as u64..((n + 1) * LEN) as u64)
-                .unwrap();
-            batch.write(tx, slot).map_err(|(e, _)| e).unwrap();
-        }
-        batch
-    };
-    let landed = |parts: std::ops::Range<usize>| {
-        parts
-            .flat_map(|part| part * MAX_BATCH..(part + 1) * MAX_BATCH)
-            .all(|n| {
-                let mut got = vec![0u8; LEN];
-                target.read_at(n * LEN, &mut got);
-                got == pattern(LEN, n as u8)
-            })
-    };
     let waker = std::task::Waker::noop();
     let mut cx = Context::from_waker(waker);
     // Dropped after the first poll, which posts (event mode: it sleeps, it does not spin).
     {
-        let mut sub = pin!(fill(0).submit());
+        let mut sub = pin!(writes(&p, remote, 0).submit());
         assert!(sub.as_mut().poll(&mut cx).is_pending());
     }
     // The next batch goes on the same queue pair, behind the given-up one.
-    let mut batch = within(60, "the batch after", fill(1).submit()).await;
+    let mut batch = within(60, "the batch after", writes(&p, remote, 1).submit()).await;
     assert_eq!(
         batch.outcomes().filter(|(r, _)| r.is_ok()).count(),
         MAX_BATCH
@@ -332,13 +314,13 @@ async fn a_dropped_or_forgotten_submission_gives_its_requests_up_safely() {
         }
     })
     .await;
-    assert!(landed(0..2), "every write of both batches landed");
+    assert!(landed(&target, 0..2), "every write of both batches landed");
     // Forgotten after the first poll: its writes happen all the same.
-    let mut sub = Box::pin(fill(2).submit());
+    let mut sub = Box::pin(writes(&p, remote, 2).submit());
     assert!(sub.as_mut().poll(&mut cx).is_pending());
     std::mem::forget(sub);
     within(60, "the forgotten batch's writes", async {
-        while !landed(2..3) {
+        while !landed(&target, 2..3) {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     })
