@@ -33,7 +33,21 @@ use crate::error::{Error, InvalidArgument, QpFailure, Result};
 use crate::proto::{SgList, WorkRequest};
 use crate::verbs::{SendOp, SendWr};
 
-/// The most requests one batch holds (one chain of work requests).
+/// The most requests one [`Batch`](crate::ops::Batch) holds (one chain of work requests).
+///
+/// # Examples
+///
+/// ```no_run
+/// # use tokio_rdma::driver::{AsyncQp, MAX_BATCH};
+/// # use tokio_rdma::verbs::RegisteredBuffer;
+/// # fn demo(qp: &AsyncQp, mut bufs: Vec<RegisteredBuffer>) {
+/// let mut batch = qp.batch();
+/// while batch.len() < MAX_BATCH {
+///     let Some(buf) = bufs.pop() else { break };
+///     batch.send(buf).map_err(|(e, _)| e).unwrap();
+/// }
+/// # }
+/// ```
 pub const MAX_BATCH: usize = 16;
 
 /// Where the batch is.

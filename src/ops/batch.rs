@@ -273,6 +273,20 @@ impl<B: SgSource> Batch<B> {
 /// # Cancel safety
 ///
 /// See [`Batch::submit`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # use tokio_rdma::driver::AsyncQp;
+/// # use tokio_rdma::verbs::RegisteredBuffer;
+/// # async fn demo(qp: &AsyncQp, buf: RegisteredBuffer) {
+/// let mut batch = qp.batch();
+/// batch.send(buf).map_err(|(e, _)| e).unwrap();
+/// let submission = batch.submit(); // nothing posted yet
+/// let mut batch = submission.await; // posted, then every outcome in
+/// assert_eq!(batch.outcomes().len(), 1);
+/// # }
+/// ```
 #[derive(Debug)]
 #[must_use = "a batch is posted when its submission is polled"]
 pub struct Submit<B: SgSource> {
@@ -325,6 +339,20 @@ impl<B: SgSource> Future for Submit<B> {
 
 /// The outcomes of a batch ([`Batch::outcomes`]), oldest request first: each request's result
 /// and its buffers. Dropping it drops the buffers not taken yet.
+///
+/// # Examples
+///
+/// ```no_run
+/// # use tokio_rdma::driver::AsyncQp;
+/// # use tokio_rdma::verbs::RegisteredBuffer;
+/// # async fn demo(qp: &AsyncQp, a: RegisteredBuffer, b: RegisteredBuffer) {
+/// let mut batch = qp.batch();
+/// batch.send(a).map_err(|(e, _)| e).unwrap();
+/// batch.send(b).map_err(|(e, _)| e).unwrap();
+/// let mut batch = batch.submit().await;
+/// let (ok, failed): (Vec<_>, Vec<_>) = batch.outcomes().partition(|(res, _)| res.is_ok());
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Outcomes<'a, B: SgSource> {
     bufs: std::vec::Drain<'a, B>,
