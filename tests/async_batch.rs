@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use common::{AsyncPair, all_access, async_pair_with, pattern, posted, reg_with, within};
 use tokio_rdma::buf::RemoteToken;
 use tokio_rdma::driver::{CompletionMode, DriverOptions, MAX_BATCH, QpOptions};
-use tokio_rdma::ops::Batch;
+use tokio_rdma::ops::{Batch, BufList};
 use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
 use tokio_rdma::{Error, InvalidArgument, QpFailure, WcStatus};
 
@@ -228,6 +228,47 @@ async fn a_refused_request_comes_back_and_leaves_the_batch_as_it_was() {
     assert_eq!(
         batch.outcomes().filter(|(r, _)| r.is_ok()).count(),
         MAX_BATCH
+    );
+}
+
+/// A list with more scatter/gather entries than the send queue takes is refused; the slot it
+/// was written into is rewritten by the next request, which carries only its own bytes (the
+/// refused list had spilled its entries to the heap).
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_refused_list_leaves_nothing_behind_in_its_slot() {
+    let p = pair(CompletionMode::default(), 8);
+    let max = p.a.caps().max_send_sge as usize;
+    let target = RegisteredBuffer::new(&p.pd, 4 * LEN, all_access()).unwrap();
+    let part = |seed: u8| reg_with(&p.pd, &pattern(LEN, seed), AccessFlags::LOCAL_WRITE);
+    let mut batch = p.a.batch::<BufList<RegisteredBuffer>>();
+    let long = BufList((0..=max).map(|i| part(i as u8)).collect());
+    let (e, _long) = batch.write(long, token(&target)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument(InvalidArgument::TooManySges { .. })
+        ),
+        "{e}"
+    );
+    assert!(batch.is_empty());
+    let two = BufList(vec![part(100), part(200)]);
+    batch
+        .write(two, token(&target))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let mut batch = within(60, "the batch after a refusal", batch.submit()).await;
+    for (res, _) in batch.outcomes() {
+        res.unwrap();
+    }
+    let mut got = vec![0u8; 4 * LEN];
+    target.read_at(0, &mut got);
+    assert_eq!(&got[..LEN], &pattern(LEN, 100)[..]);
+    assert_eq!(&got[LEN..2 * LEN], &pattern(LEN, 200)[..]);
+    assert_eq!(
+        &got[2 * LEN..],
+        &vec![0u8; 2 * LEN][..],
+        "nothing of the refused list"
     );
 }
 

@@ -12,11 +12,11 @@ use crate::buf::RemoteToken;
 use crate::driver::{AsyncQp, RawBatch};
 use crate::error::{Error, Result};
 
-/// Up to [`MAX_BATCH`](crate::driver::MAX_BATCH) sends and writes of one queue pair, posted together: one chained
-/// `ibv_post_send` (one doorbell) with only the last request signaled, and one wait for all of
-/// them. Made by [`AsyncQp::batch`]; [`submit`](Self::submit) takes it and gives it back with
-/// the outcomes, ready for the next round (its storage is allocated once). Several batches
-/// may be in flight at once; each is one wait.
+/// Up to [`MAX_BATCH`](crate::driver::MAX_BATCH) sends and writes of one queue pair, posted
+/// together: one chained `ibv_post_send` (one doorbell) with only the last request signaled,
+/// and one wait for all of them. Made by [`AsyncQp::batch`]; [`submit`](Self::submit) takes
+/// it and gives it back with the outcomes, ready for the next round (its storage is allocated
+/// once). Several batches may be in flight at once; each is one wait.
 ///
 /// Adding a request builds and checks its work request (a write that does not fit its remote
 /// token, too many scatter/gather entries); nothing is posted until
@@ -80,7 +80,8 @@ impl<B: SgSource> Batch<B> {
     ///
     /// [`InvalidArgument`](crate::InvalidArgument) if the write does not fit `remote` or has
     /// too many scatter/gather entries, [`BatchFull`](crate::InvalidArgument::BatchFull) past
-    /// [`MAX_BATCH`](crate::driver::MAX_BATCH) requests; the buffer comes back and nothing was added.
+    /// [`MAX_BATCH`](crate::driver::MAX_BATCH) requests; the buffer comes back and nothing
+    /// was added.
     ///
     /// # Examples
     ///
@@ -133,8 +134,9 @@ impl<B: SgSource> Batch<B> {
     /// # Errors
     ///
     /// [`TooManySges`](crate::InvalidArgument::TooManySges), or
-    /// [`BatchFull`](crate::InvalidArgument::BatchFull) past [`MAX_BATCH`](crate::driver::MAX_BATCH) requests; the
-    /// buffer comes back and nothing was added.
+    /// [`BatchFull`](crate::InvalidArgument::BatchFull) past
+    /// [`MAX_BATCH`](crate::driver::MAX_BATCH) requests; the buffer comes back and nothing
+    /// was added.
     ///
     /// # Examples
     ///
@@ -308,7 +310,9 @@ impl<B: SgSource> Submit<B> {
     /// # use tokio_rdma::driver::AsyncQp;
     /// # use tokio_rdma::buf::RemoteToken;
     /// # use tokio_rdma::verbs::RegisteredBuffer;
-    /// # async fn demo(qp: &AsyncQp, a: RegisteredBuffer, b: RegisteredBuffer, remote: RemoteToken) {
+    /// # async fn demo(
+    /// #     qp: &AsyncQp, a: RegisteredBuffer, b: RegisteredBuffer, remote: RemoteToken,
+    /// # ) {
     /// let (mut first, mut second) = (qp.batch(), qp.batch());
     /// first.write(a, remote).map_err(|(e, _)| e).unwrap();
     /// second.write(b, remote).map_err(|(e, _)| e).unwrap();
