@@ -405,17 +405,9 @@ impl<P> Core<P> {
             .get_mut(wr_id)
             .expect("operation is in the table");
         // Only the outcome and the payload move out; the slot is freed where it lies.
-        let outcome = match &mut entry.lifecycle {
-            Lifecycle::Done(info) => Ok(*info),
-            Lifecycle::Failed(_) => {
-                let Lifecycle::Failed(err) =
-                    std::mem::replace(&mut entry.lifecycle, Lifecycle::Cancelled)
-                else {
-                    unreachable!("matched above");
-                };
-                Err(err)
-            }
-            _ => {
+        let outcome = match entry.lifecycle.take_outcome() {
+            Some(outcome) => outcome,
+            None => {
                 if let Some(cx) = cx {
                     match &entry.waker {
                         Some(w) if w.will_wake(cx.waker()) => {}
@@ -445,17 +437,10 @@ impl<P> Core<P> {
                 .table
                 .get_mut(wr_id)
                 .expect("operation is in the table");
-            match &mut entry.lifecycle {
-                Lifecycle::Done(_) => {}
-                Lifecycle::Failed(_) => {
-                    let Lifecycle::Failed(err) =
-                        std::mem::replace(&mut entry.lifecycle, Lifecycle::Cancelled)
-                    else {
-                        unreachable!("matched above");
-                    };
-                    failed(i, err);
-                }
-                _ => return i,
+            match entry.lifecycle.take_outcome() {
+                Some(Ok(_)) => {}
+                Some(Err(err)) => failed(i, err),
+                None => return i,
             }
             self.table.free(wr_id);
         }
