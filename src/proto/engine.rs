@@ -405,9 +405,17 @@ impl<P> Core<P> {
             .get_mut(wr_id)
             .expect("operation is in the table");
         // Only the outcome and the payload move out; the slot is freed where it lies.
-        let outcome = match entry.lifecycle.take_outcome() {
-            Some(outcome) => outcome,
-            None => {
+        let outcome = match &mut entry.lifecycle {
+            Lifecycle::Done(info) => Ok(*info),
+            Lifecycle::Failed(_) => {
+                let Lifecycle::Failed(err) =
+                    std::mem::replace(&mut entry.lifecycle, Lifecycle::Cancelled)
+                else {
+                    unreachable!("matched above");
+                };
+                Err(err)
+            }
+            _ => {
                 if let Some(cx) = cx {
                     match &entry.waker {
                         Some(w) if w.will_wake(cx.waker()) => {}
@@ -437,10 +445,17 @@ impl<P> Core<P> {
                 .table
                 .get_mut(wr_id)
                 .expect("operation is in the table");
-            match entry.lifecycle.take_outcome() {
-                Some(Ok(_)) => {}
-                Some(Err(err)) => failed(i, err),
-                None => return i,
+            match &mut entry.lifecycle {
+                Lifecycle::Done(_) => {}
+                Lifecycle::Failed(_) => {
+                    let Lifecycle::Failed(err) =
+                        std::mem::replace(&mut entry.lifecycle, Lifecycle::Cancelled)
+                    else {
+                        unreachable!("matched above");
+                    };
+                    failed(i, err);
+                }
+                _ => return i,
             }
             self.table.free(wr_id);
         }

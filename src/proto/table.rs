@@ -27,24 +27,6 @@ pub(crate) enum Lifecycle {
     Cancelled,
 }
 
-impl Lifecycle {
-    /// The outcome, if the operation has one: a success's information is copied, a failure's
-    /// error moved out (leaving `Cancelled`: the caller frees the entry). `None`: not complete.
-    #[inline]
-    pub(crate) fn take_outcome(&mut self) -> Option<Result<OpInfo, Error>> {
-        match self {
-            Lifecycle::Done(info) => Some(Ok(*info)),
-            Lifecycle::Failed(_) => {
-                let Lifecycle::Failed(err) = std::mem::replace(self, Lifecycle::Cancelled) else {
-                    unreachable!("matched above");
-                };
-                Some(Err(err))
-            }
-            _ => None,
-        }
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct Entry<P> {
     pub(crate) qp: QpKey,
