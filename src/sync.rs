@@ -5,7 +5,8 @@
 //! modules that use this one under every interleaving and every weak-memory outcome their
 //! orderings allow (docs/testing.md#concurrency-models). Only the logic those models check
 //! uses it: the pool's free list and waiters (`buf::pool`), the SRQ claim budget
-//! (`conn::srq::budget`) and the spinner count (`driver::spinners`). A leaf module: it
+//! (`conn::srq::budget`), the spinner count (`driver::spinners`) and a connection's dropped
+//! messages (`conn::io::dropped`). A leaf module: it
 //! imports nothing of the crate.
 
 #[cfg(not(all(tokio_rdma_loom, test)))]

@@ -97,8 +97,10 @@ impl Drop for Message {
             let (buffer, len) = (d.holds_buffer(), d.len());
             // The receive buffer goes back to the pool first, so the driver can re-post it.
             drop(d);
-            // Re-posts the receive and returns credits right here if due (no task in between).
-            self.conn.with(|s| s.proto.consumed(buffer, len));
+            // Counted, and reported to the state machine at the connection's next look; at
+            // once, with re-posts and credits, when it needs the report now (no task in
+            // between either way).
+            self.conn.message_dropped(buffer, len);
         }
     }
 }

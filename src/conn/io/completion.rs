@@ -56,6 +56,7 @@ impl Sink for ConnIo {
         let ok = cqe.status == WcStatus::Success;
         let mut s = self.lock();
         self.bump_changes(&s);
+        self.report_dropped(&mut s);
         let was_failed = s.proto.failure().is_some();
         match Local::of(local) {
             Local::Shared => self.shared_received(&mut s, local, cqe, qp_failure, now),
@@ -112,6 +113,7 @@ impl Sink for ConnIo {
                 Self::wake_sq(&mut s, wake);
             }
         }
+        self.settle_dropped(&mut s);
         let kick = self.pump(&mut s, Some(now), wake);
         let newly_failed = !was_failed && s.proto.failure().is_some();
         // On a shared receive queue every SEND of the peer takes a shared buffer, credits or

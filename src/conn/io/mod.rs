@@ -30,6 +30,7 @@ use crate::proto::conn::{ConnProto, earlier};
 use crate::verbs::{QueuePair, SendOp};
 
 mod completion;
+mod dropped;
 mod fetch;
 mod recv;
 mod retire;
@@ -231,6 +232,8 @@ pub(crate) struct ConnIo {
     /// the last change made through [`with`](Self::with) or a completion. A hint, never relied
     /// on: a waiting receive polls the completion queue before it looks when it says so.
     recv_idle: AtomicBool,
+    /// The messages the application dropped, reported at the next look (`dropped.rs`).
+    dropped: dropped::Dropped,
     /// Set (and `done` signalled) when the connection's teardown finished: everything flushed,
     /// every buffer back.
     pub(crate) torn_down: std::sync::atomic::AtomicBool,
@@ -316,6 +319,7 @@ impl ConnIo {
             drained: Notify::new(),
             changes: AtomicU64::new(0),
             recv_idle: AtomicBool::new(true),
+            dropped: dropped::Dropped::default(),
             torn_down: std::sync::atomic::AtomicBool::new(false),
             done: Notify::new(),
             retired: Mutex::new(Vec::with_capacity(sq_budget as usize)),
@@ -338,7 +342,9 @@ impl ConnIo {
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut ConnState) -> R) -> R {
         let mut s = self.lock();
         self.bump_changes(&s);
+        self.report_dropped(&mut s);
         let r = f(&mut s);
+        self.settle_dropped(&mut s);
         self.note_recv_idle(&s);
         if Self::settled(&s) {
             // Nothing to post, wake or kick (most looks): no `Deferred` to set up either.
@@ -456,6 +462,33 @@ impl ConnIo {
             s.proto.poll_timeout(),
             s.driver_deadline
         );
+    }
+
+    /// A message was dropped (`buffer`: it held a receive buffer): reported to the state
+    /// machine at the next look, or now if it needs the report now (`dropped.rs`).
+    pub(crate) fn message_dropped(&self, buffer: bool, len: usize) {
+        if self.dropped.record(buffer, len) {
+            // The look reports it (and every other drop not reported yet).
+            self.with(|_| ());
+        }
+    }
+
+    /// Reports the messages dropped since the last look. Every look does, first.
+    #[inline]
+    pub(crate) fn report_dropped(&self, s: &mut ConnState) {
+        if let Some((bufs, bytes)) = self.dropped.take() {
+            s.proto.consumed_many(bufs, bytes);
+        }
+    }
+
+    /// After a change: whether drops must report at once from now on (and, if that just
+    /// became so, the drops that counted themselves meanwhile). Before the pump, which posts
+    /// what the reports released.
+    #[inline]
+    pub(crate) fn settle_dropped(&self, s: &mut ConnState) {
+        if self.dropped.set_urgent(s.proto.consumption_urgent()) {
+            self.report_dropped(s);
+        }
     }
 
     /// Counts a change of the state; the caller holds the lock (`_s`), so no other thread

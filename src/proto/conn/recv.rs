@@ -304,6 +304,16 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
         }
     }
 
+    /// Whether a consumed message must be reported now rather than at the shell's next look:
+    /// receives are withheld (the report lets them go back, and the peer may wait for their
+    /// credits), or a rendezvous message waits for room in the receive budget. Otherwise a
+    /// report only lowers the counts that the next receipt checks, and every receipt is a
+    /// look at the state, where the shell gives the reports it held back first. The
+    /// randomized tests hold reports back whenever this allows.
+    pub fn consumption_urgent(&self) -> bool {
+        self.rx.withheld > 0 || matches!(self.rx.ready.front(), Some(Delivery::Remote(_)))
+    }
+
     /// Wakes every task waiting to receive (the shell changed who may take what).
     pub fn wake_receivers(&mut self) {
         self.rx.wake_all(&mut self.wakers);
@@ -324,11 +334,19 @@ impl<B: AsRef<[u8]>> ConnProto<B> {
     /// The application dropped a delivered message of `len` bytes (`buffer`: it held a
     /// receive buffer, [`Delivery::holds_buffer`]). Withheld receives may go back.
     pub fn consumed(&mut self, buffer: bool, len: usize) {
-        self.rx.held_bytes = self.rx.held_bytes.saturating_sub(len as u64);
-        self.rx.taken_bytes = self.rx.taken_bytes.saturating_sub(len as u64);
-        if buffer {
-            self.rx.held_bufs = self.rx.held_bufs.saturating_sub(1);
-        }
+        self.consumed_many(u32::from(buffer), len as u64);
+    }
+
+    /// The application dropped delivered messages of `bytes` bytes in all, `bufs` of which
+    /// held a receive buffer: the same as a [`consumed`](Self::consumed) for each.
+    ///
+    /// A shell may hold such reports back and give them together, at its next look at the
+    /// state, while [`consumption_urgent`](Self::consumption_urgent) is false: until then a
+    /// report changes nothing but the counts.
+    pub fn consumed_many(&mut self, bufs: u32, bytes: u64) {
+        self.rx.held_bytes = self.rx.held_bytes.saturating_sub(bytes);
+        self.rx.taken_bytes = self.rx.taken_bytes.saturating_sub(bytes);
+        self.rx.held_bufs = self.rx.held_bufs.saturating_sub(bufs);
         self.release_withheld();
         if matches!(self.rx.ready.front(), Some(Delivery::Remote(_))) {
             // It may fit the budget now.
