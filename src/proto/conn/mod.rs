@@ -50,6 +50,8 @@ mod close_tests;
 mod credits;
 mod eos;
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod keepalive_tests;
 mod rdv_state;
 mod recv;
