@@ -435,6 +435,8 @@ def main():
     ap.add_argument("--top", type=int, default=12, help="functions listed per case")
     ap.add_argument("--case", action="append", help="only these cases (repeatable)")
     ap.add_argument("--check", action="store_true", help="fail unless every case has numbers")
+    ap.add_argument("--side", choices=("client", "server"), default="client",
+                    help="which process the callgrind files are of (a label only)")
     ap.add_argument("--selftest", action="store_true",
                     help="check the parser and the method on synthetic files, then exit")
     args = ap.parse_args()
@@ -442,10 +444,10 @@ def main():
         return selftest()
     if not args.dir:
         ap.error("DIR is required")
-    return report(args.dir, args.top, args.case, args.check)
+    return report(args.dir, args.top, args.case, args.check, args.side)
 
 
-def report(d, top_n, only, check):
+def report(d, top_n, only, check, side="client"):
     """Prints the tables of run directory `d`; non-zero with `check` if a case lacks a ratio."""
     order, runs = load_runs(d)
     if only:
@@ -483,7 +485,7 @@ def report(d, top_n, only, check):
         pc = f"{fmt_dec(pt_pc)}/{fmt_dec(our_pc)}"
         print(f"{case:<22} {fmt_int(pt):>10} {fmt_int(ours):>11} "
               f"{('n/a' if r is None else f'{r:.2f}x'):>7} {pc:>13}   {runs_txt}")
-    print("user-space instructions per operation (Ir, callgrind; client process only; a latency")
+    print(f"user-space instructions per operation (Ir, callgrind; {side} process only; a latency")
     print("  operation is one round trip, a bandwidth one a write or message): (Ir(N2) - Ir(N1)) /")
     print("  (N2 - N1), after taking out report and sort costs (excluded Ir, see --help). prov/op:")
     print("  calls into the rxe provider per operation (polls, posts, arming), perftest/ours; in")

@@ -49,6 +49,23 @@ enum Next {
     /// A rendezvous message read and taken (boxed: every receive moves a `Next` around, and
     /// a small message's should not move a whole `Fetch`).
     Fetched(Box<Fetch>),
+    /// A batch's receive ([`Connection::recv_many`]): this many messages were appended to
+    /// its vector, in the same look at the state.
+    Taken(usize),
+}
+
+/// What [`Connection::receive`] got.
+enum Received {
+    /// One message, or end of stream.
+    One(Option<Message>),
+    /// This many messages appended to the batch's vector.
+    Taken(usize),
+}
+
+/// Where a batch's receive puts the messages it takes (see [`Connection::recv_many`]).
+struct Batch<'v> {
+    out: &'v mut Vec<Message>,
+    limit: usize,
 }
 
 fn too_big(len: u64, cap: usize) -> Error {
@@ -81,7 +98,18 @@ impl Connection {
 
     /// Waits for the next message of the caller `owner` (0: `recv`); with `fits`, a message
     /// larger than that stays queued and [`Error::InvalidArgument`] says so.
-    async fn next(&self, wait: &mut Progress<'_>, fits: Option<usize>, owner: u64) -> Result<Next> {
+    ///
+    /// With `batch`, a message in the connection's buffers is not returned but appended to
+    /// the batch's vector with every one already queued behind it (up to its limit, and up to
+    /// the first rendezvous message), under the same lock: [`Next::Taken`].
+    async fn next(
+        &self,
+        wait: &mut Progress<'_>,
+        fits: Option<usize>,
+        owner: u64,
+        mut batch: Option<Batch<'_>>,
+    ) -> Result<Next> {
+        let io = &self.shared.io;
         wait.run(|s, cx| {
             if let Some(f) = s
                 .fetch
@@ -108,7 +136,28 @@ impl Connection {
                     return Poll::Ready(Ok(Next::Remote(*m)));
                 }
             }
-            s.proto.poll_recv(cx).map(|r| r.map(Next::Local))
+            let first = std::task::ready!(s.proto.poll_recv(cx));
+            match (first, batch.as_mut()) {
+                (Ok(Some(d)), Some(b)) => {
+                    b.out.push(Message::new(d, io.clone()));
+                    let mut n = 1;
+                    // What is queued behind it, as long as it is a message in the connection's
+                    // buffers (`peek_recv` shows none while a rendezvous read is under way).
+                    while n < b.limit
+                        && s.proto
+                            .peek_recv()
+                            .is_some_and(|d| !matches!(d, Delivery::Remote(_)))
+                    {
+                        let Poll::Ready(Ok(Some(d))) = s.proto.poll_recv(cx) else {
+                            unreachable!("peeked a local message");
+                        };
+                        b.out.push(Message::new(d, io.clone()));
+                        n += 1;
+                    }
+                    Poll::Ready(Ok(Next::Taken(n)))
+                }
+                (r, _) => Poll::Ready(r.map(Next::Local)),
+            }
         })
         .await
     }
@@ -128,13 +177,77 @@ impl Connection {
         })
     }
 
+    /// Receives up to `limit` messages at once and appends them to `out`, oldest first:
+    /// waits for the first as [`recv`](Self::recv) does, then takes every message already
+    /// delivered behind it, up to `limit` in all, in the same look at the connection's state
+    /// (one lock and one look for the batch, where a `recv` per message takes one each).
+    /// Returns how many it appended. `Ok(0)` means the peer closed its side cleanly after
+    /// every message it sent (or `limit` is 0: then it returns at once). A rendezvous message
+    /// (read into a buffer of its own, as `recv` does) ends a batch: it comes alone, or
+    /// stays queued for the next call behind the messages taken before it.
+    ///
+    /// Like [`tokio::sync::mpsc::Receiver::recv_many`]: `out` keeps what it held, and one
+    /// vector reused with a fixed capacity takes batches without allocating. Each
+    /// [`Message`] counts against the receive budget until dropped, as with `recv`.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Self::recv). An error appends nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: messages are appended to `out` only in the poll that returns, so a
+    /// future dropped before it completes has taken nothing; any number of tasks may wait at
+    /// once.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(conn: tokio_rdma::conn::Connection) -> tokio_rdma::Result<()> {
+    /// let mut batch = Vec::with_capacity(32);
+    /// while conn.recv_many(&mut batch, 32).await? > 0 {
+    ///     for msg in batch.drain(..) {
+    ///         println!("{} bytes", msg.len()); // dropping `msg` returns its credit
+    ///     }
+    /// }
+    /// // The peer closed cleanly after its last message.
+    /// # Ok(()) }
+    /// ```
+    pub async fn recv_many(&self, out: &mut Vec<Message>, limit: usize) -> Result<usize> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        Ok(match self.receive(Some(Batch { out, limit })).await? {
+            Received::Taken(n) => n,
+            Received::One(None) => 0,
+            Received::One(Some(m)) => {
+                out.push(m);
+                1
+            }
+        })
+    }
+
     /// [`recv`](Connection::recv): a rendezvous message is read into a buffer of its own.
     pub(super) async fn recv_message(&self) -> Result<Option<Message>> {
+        match self.receive(None).await? {
+            Received::One(m) => Ok(m),
+            Received::Taken(_) => unreachable!("no batch given"),
+        }
+    }
+
+    /// The receive behind [`recv`](Self::recv) and [`recv_many`](Self::recv_many): the next
+    /// message, or with `batch` the messages taken into it.
+    async fn receive(&self, mut batch: Option<Batch<'_>>) -> Result<Received> {
         let io = &self.shared.io;
         let mut wait = Progress::receiving(self);
         loop {
-            match self.next(&mut wait, None, 0).await? {
-                Next::Local(d) => return Ok(d.map(|d| Message::new(d, io.clone()))),
+            let b = batch.as_mut().map(|b| Batch {
+                out: &mut *b.out,
+                limit: b.limit,
+            });
+            match self.next(&mut wait, None, 0, b).await? {
+                Next::Taken(n) => return Ok(Received::Taken(n)),
+                Next::Local(d) => return Ok(Received::One(d.map(|d| Message::new(d, io.clone())))),
                 Next::Remote(m) => {
                     // The buffer is registered memory of this endpoint: in its budget, or
                     // refused with the message left queued (see `MemoryBudgetExhausted`).
@@ -155,7 +268,10 @@ impl Connection {
                         // A dropped `recv_into`'s buffer: the one copy on this path.
                         io.with(|s| s.recv_bytes.copied += len as u64);
                     }
-                    return Ok(Some(Message::new(Delivery::Assembled(v), io.clone())));
+                    return Ok(Received::One(Some(Message::new(
+                        Delivery::Assembled(v),
+                        io.clone(),
+                    ))));
                 }
             }
         }
@@ -211,7 +327,7 @@ impl Connection {
         };
         let mut buf = Some(buf);
         loop {
-            let next = match self.next(&mut wait, Some(cap), owner).await {
+            let next = match self.next(&mut wait, Some(cap), owner, None).await {
                 Ok(n) => n,
                 Err(e) => {
                     let b = match buf.take() {
@@ -234,6 +350,7 @@ impl Connection {
                 unsafe { b.set_init(len) };
             };
             match next {
+                Next::Taken(_) => unreachable!("no batch given"),
                 Next::Local(None) => return (Ok(None), buf.expect("not lent: no read")),
                 Next::Local(Some(d)) => {
                     let mut b = buf.expect("not lent: no read");
