@@ -716,6 +716,7 @@ async fn recv_many_takes_what_has_arrived_in_order() {
             .expect("recv_many");
         assert_eq!(n, 12, "every delivered message in one call");
         check(&mut v);
+        conn.send(b"more").await.expect("more");
         // Three small ones, then a rendezvous message: the limit holds, and the rendezvous
         // message is not taken behind the small ones.
         within(60, "3 deliveries", delivered(15)).await;
@@ -747,7 +748,17 @@ async fn recv_many_takes_what_has_arrived_in_order() {
         .expect("not eof");
     assert_eq!(&go[..], b"go");
     let mut i = 0u64;
-    for &len in first.iter().chain(&small) {
+    for &len in &first {
+        conn.send(&payload(i, len)).await.expect("send");
+        i += 1;
+    }
+    // The server has taken the first 12 before any other is sent.
+    let more = within(60, "more", conn.recv())
+        .await
+        .expect("more")
+        .expect("not eof");
+    assert_eq!(&more[..], b"more");
+    for &len in &small {
         conn.send(&payload(i, len)).await.expect("send");
         i += 1;
     }

@@ -32,6 +32,25 @@ pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
         wake: &mut Deferred,
     ) -> Option<QpFailure>;
 
+    /// Successful completions of this queue pair that came one after the other in one poll
+    /// of the CQ, in order: the same as an [`on_completion`](Self::on_completion) for each,
+    /// which a sink may do in one step (one look at its state for the run). The driver hands
+    /// a failed completion alone, so a run's `qp_failure` holds for all of it.
+    fn on_completions(
+        &self,
+        run: &[(u32, Cqe)],
+        qp_failure: Option<&QpFailure>,
+        wake: &mut Deferred,
+    ) -> Option<QpFailure> {
+        let mut failed = None;
+        for (local, cqe) in run {
+            if let Some(f) = self.on_completion(*local, cqe, qp_failure, wake) {
+                failed.get_or_insert(f);
+            }
+        }
+        failed
+    }
+
     /// Called after the driver's lock is released, if `on_completion` asked for it with
     /// [`Deferred::after_unlock`]: release what must not be dropped under the lock.
     fn after_unlock(&self) {}

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use super::counters::{Counters, add_held};
-use super::deferred::{Deferred, Sink};
+use super::deferred::{Deferred, Payload, Sink};
 use super::kick::TaskKick;
 use super::latency::Latency;
 use super::offload::off_runtime;
@@ -98,6 +98,7 @@ impl Shared {
                 posts: Vec::new(),
                 out: Completed::default(),
                 batch: WcBatch::with_capacity(batch.max(1)),
+                run: Vec::with_capacity(batch.max(1)),
             }),
             cq,
             mode,
@@ -164,6 +165,7 @@ impl Shared {
             srq_sink,
             out,
             batch,
+            run,
             ..
         } = st;
         let wcs = match self.cq.poll_driven(batch) {
@@ -174,12 +176,18 @@ impl Shared {
             }
         };
         let n = wcs.len();
+        // Successful completions of one sink's queue pair that come one after the other are
+        // handed to it together (`Sink::on_completions`: a connection looks at its state once
+        // for them); anything else hands the run over first, so each queue pair's completions
+        // still reach their owners in the order of the CQ.
+        let mut run_of: Option<(QpKey, &Arc<dyn Sink>)> = None;
         for wc in wcs {
             let cqe = Cqe::from(wc);
             if !wc.is_success() {
                 debug!(wr_id = cqe.wr_id, qpn = wc.qp_num(), status = %cqe.status, "work completion error");
             }
             if cqe.wr_id & SINK_BIT == 0 {
+                hand_run(run, run_of.take(), core, out, wake);
                 core.complete(&cqe, out);
                 continue;
             }
@@ -203,6 +211,15 @@ impl Shared {
                 key = full;
                 sink
             });
+            if let Some(sink) = sink.filter(|_| wc.is_success()) {
+                if run_of.is_none_or(|(k, _)| k != key) {
+                    hand_run(run, run_of.take(), core, out, wake);
+                    run_of = Some((key, sink));
+                }
+                run.push((cqe.wr_id as u32, cqe));
+                continue;
+            }
+            hand_run(run, run_of.take(), core, out, wake);
             if sink.is_none() && on_srq {
                 // Its queue pair is gone (or never was ours): the buffer goes back.
                 match srq_sink.as_ref() {
@@ -224,6 +241,7 @@ impl Shared {
                 None => out.unknown += 1,
             }
         }
+        hand_run(run, run_of, core, out, wake);
         if n == 0 {
             return 0;
         }
@@ -375,5 +393,25 @@ impl Shared {
         if self.sleepers.count() == 1 && (self.polls_in_place() || !self.one_thread) {
             self.notify.notify_one();
         }
+    }
+}
+
+/// Hands the run of completions gathered in `run` to the sink it belongs to (`to`), if any,
+/// and records the failure the sink reports for its queue pair.
+#[inline]
+fn hand_run(
+    run: &mut Vec<(u32, Cqe)>,
+    to: Option<(QpKey, &Arc<dyn Sink>)>,
+    core: &mut Core<Payload>,
+    out: &mut Completed<Payload>,
+    wake: &mut Deferred,
+) {
+    let Some((key, sink)) = to else {
+        return;
+    };
+    let failed = sink.on_completions(run, core.failure(key), wake);
+    run.clear();
+    if let Some(cause) = failed {
+        core.fail_qp(key, cause, out);
     }
 }

@@ -10,7 +10,7 @@ use tracing::warn;
 
 use super::deferred::{Deferred, Payload, Sink};
 use crate::error::QpFailure;
-use crate::proto::{Completed, Core, PostItem, QpKey};
+use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
 use crate::verbs::{QueuePair, WcBatch};
 
 /// A queue pair as the driver tracks it.
@@ -51,6 +51,9 @@ pub(crate) struct State {
     pub(crate) posts: Vec<PostItem>,
     pub(crate) out: Completed<Payload>,
     pub(crate) batch: WcBatch,
+    /// Reused by [`Shared::poll_cq`](super::shared::Shared::poll_cq): a run of successful
+    /// completions of one sink's queue pair, handed to it together.
+    pub(crate) run: Vec<(u32, Cqe)>,
 }
 
 impl State {

@@ -44,39 +44,38 @@ impl ConnIo {
     }
 }
 
-impl Sink for ConnIo {
-    fn on_completion(
+impl ConnIo {
+    /// One completion of this connection into its state (under its lock): the receive or
+    /// send it completes leaves the posted lists, and the state machine hears of it.
+    fn apply(
         &self,
+        s: &mut ConnState,
         local: u32,
         cqe: &Cqe,
         qp_failure: Option<&QpFailure>,
+        now: Instant,
         wake: &mut Deferred,
-    ) -> Option<QpFailure> {
-        let now = Instant::now();
-        let ok = cqe.status == WcStatus::Success;
-        let mut s = self.lock();
-        self.bump_changes(&s);
-        self.report_dropped(&mut s);
-        let was_failed = s.proto.failure().is_some();
+    ) {
         match Local::of(local) {
-            Local::Shared => self.shared_received(&mut s, local, cqe, qp_failure, now),
+            Local::Shared => self.shared_received(s, local, cqe, qp_failure, now),
             Local::Recv => {
                 let Some(entry) = s.recvs.pop_front() else {
                     warn!(local, "a receive completion with no receive posted");
-                    return None;
+                    return;
                 };
                 let seq = s.next_recv.wrapping_sub(s.recvs.len() as u32 + 1) & RECV_SEQ_MASK;
                 debug_assert_eq!(seq, local, "receive completions come in posting order");
                 // The drain marker's flush carries nothing for the state machine.
                 if let Some(buf) = entry {
-                    Self::received(&mut s, buf, cqe, qp_failure, now);
+                    Self::received(s, buf, cqe, qp_failure, now);
                 }
             }
             Local::Send(seq) => {
                 if !s.sends.iter().any(|(q, _)| *q == seq) {
                     warn!(local, "a send completion that matches no send");
-                    return None;
+                    return;
                 }
+                let ok = cqe.status == WcStatus::Success;
                 // Completions on a send queue come in posting order: every earlier send is done.
                 while let Some((q, sent)) = s.sends.pop_front() {
                     let this = q == seq;
@@ -110,8 +109,39 @@ impl Sink for ConnIo {
                         break;
                     }
                 }
-                Self::wake_sq(&mut s, wake);
+                Self::wake_sq(s, wake);
             }
+        }
+    }
+}
+
+impl Sink for ConnIo {
+    fn on_completion(
+        &self,
+        local: u32,
+        cqe: &Cqe,
+        qp_failure: Option<&QpFailure>,
+        wake: &mut Deferred,
+    ) -> Option<QpFailure> {
+        self.on_completions(&[(local, *cqe)], qp_failure, wake)
+    }
+
+    /// The run in one look at the state: one lock, one clock read, one pump for all of it
+    /// (a receiver that polls ten completions at a time pays for the look once per ten).
+    fn on_completions(
+        &self,
+        run: &[(u32, Cqe)],
+        qp_failure: Option<&QpFailure>,
+        wake: &mut Deferred,
+    ) -> Option<QpFailure> {
+        let now = Instant::now();
+        let ok = run.iter().all(|(_, c)| c.status == WcStatus::Success);
+        let mut s = self.lock();
+        self.bump_changes(&s);
+        self.report_dropped(&mut s);
+        let was_failed = s.proto.failure().is_some();
+        for (local, cqe) in run {
+            self.apply(&mut s, *local, cqe, qp_failure, now, wake);
         }
         self.settle_dropped(&mut s);
         let kick = self.pump(&mut s, Some(now), wake);
