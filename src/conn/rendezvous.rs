@@ -54,14 +54,6 @@ enum Next {
     Taken(usize),
 }
 
-/// What [`Connection::receive`] got.
-enum Received {
-    /// One message, or end of stream.
-    One(Option<Message>),
-    /// This many messages appended to the batch's vector.
-    Taken(usize),
-}
-
 /// Where a batch's receive puts the messages it takes (see [`Connection::recv_many`]).
 struct Batch<'v> {
     out: &'v mut Vec<Message>,
@@ -93,7 +85,16 @@ impl Connection {
     /// Cancel safe: a message leaves the connection only when this returns it; any number of
     /// tasks may wait at once.
     pub async fn recv(&self) -> Result<Option<Message>> {
-        self.recv_message().await
+        let io = &self.shared.io;
+        let mut wait = Progress::receiving(self);
+        loop {
+            match self.next(&mut wait, None, 0, None).await? {
+                Next::Local(d) => return Ok(d.map(|d| Message::new(d, io.clone()))),
+                Next::Remote(m) => self.fetch_remote(m).await?,
+                Next::Fetched(f) => return Ok(Some(self.fetched_message(f))),
+                Next::Taken(_) => unreachable!("no batch given"),
+            }
+        }
     }
 
     /// Waits for the next message of the caller `owner` (0: `recv`); with `fits`, a message
@@ -136,9 +137,11 @@ impl Connection {
                     return Poll::Ready(Ok(Next::Remote(*m)));
                 }
             }
-            let first = std::task::ready!(s.proto.poll_recv(cx));
-            match (first, batch.as_mut()) {
-                (Ok(Some(d)), Some(b)) => {
+            let Some(b) = batch.as_mut() else {
+                return s.proto.poll_recv(cx).map(|r| r.map(Next::Local));
+            };
+            match std::task::ready!(s.proto.poll_recv(cx)) {
+                Ok(Some(d)) => {
                     b.out.push(Message::new(d, io.clone()));
                     let mut n = 1;
                     // What is queued behind it, as long as it is a message in the connection's
@@ -156,7 +159,7 @@ impl Connection {
                     }
                     Poll::Ready(Ok(Next::Taken(n)))
                 }
-                (r, _) => Poll::Ready(r.map(Next::Local)),
+                r => Poll::Ready(r.map(Next::Local)),
             }
         })
         .await
@@ -217,64 +220,51 @@ impl Connection {
         if limit == 0 {
             return Ok(0);
         }
-        Ok(match self.receive(Some(Batch { out, limit })).await? {
-            Received::Taken(n) => n,
-            Received::One(None) => 0,
-            Received::One(Some(m)) => {
-                out.push(m);
-                1
-            }
-        })
-    }
-
-    /// [`recv`](Connection::recv): a rendezvous message is read into a buffer of its own.
-    pub(super) async fn recv_message(&self) -> Result<Option<Message>> {
-        match self.receive(None).await? {
-            Received::One(m) => Ok(m),
-            Received::Taken(_) => unreachable!("no batch given"),
-        }
-    }
-
-    /// The receive behind [`recv`](Self::recv) and [`recv_many`](Self::recv_many): the next
-    /// message, or with `batch` the messages taken into it.
-    async fn receive(&self, mut batch: Option<Batch<'_>>) -> Result<Received> {
-        let io = &self.shared.io;
         let mut wait = Progress::receiving(self);
         loop {
-            let b = batch.as_mut().map(|b| Batch {
-                out: &mut *b.out,
-                limit: b.limit,
-            });
-            match self.next(&mut wait, None, 0, b).await? {
-                Next::Taken(n) => return Ok(Received::Taken(n)),
-                Next::Local(d) => return Ok(Received::One(d.map(|d| Message::new(d, io.clone())))),
-                Next::Remote(m) => {
-                    // The buffer is registered memory of this endpoint: in its budget, or
-                    // refused with the message left queued (see `MemoryBudgetExhausted`).
-                    let reserved = self.shared.memory.budget().reserve(m.len)?;
-                    // Allocated and registered outside the connection's lock.
-                    let mut v = zeroed(m.len as usize)?;
-                    let at = (v.as_mut_ptr() as usize, None);
-                    let mut fetch = Fetch::open(&self.shared.pd, m, at, Box::new(v), 0)
-                        .await
-                        .map_err(|(e, _)| e)?;
-                    fetch.reserved = Some(reserved);
-                    drop(self.start_fetch(fetch));
-                }
+            let batch = Batch {
+                out: &mut *out,
+                limit,
+            };
+            match self.next(&mut wait, None, 0, Some(batch)).await? {
+                Next::Taken(n) => return Ok(n),
+                Next::Local(None) => return Ok(0),
+                Next::Local(Some(_)) => unreachable!("a batch takes local messages"),
+                Next::Remote(m) => self.fetch_remote(m).await?,
                 Next::Fetched(f) => {
-                    let len = f.len() as usize;
-                    let (v, copied) = f.into_dest().into_vec(len);
-                    if copied {
-                        // A dropped `recv_into`'s buffer: the one copy on this path.
-                        io.with(|s| s.recv_bytes.copied += len as u64);
-                    }
-                    return Ok(Received::One(Some(Message::new(
-                        Delivery::Assembled(v),
-                        io.clone(),
-                    ))));
+                    out.push(self.fetched_message(f));
+                    return Ok(1);
                 }
             }
         }
+    }
+
+    /// Reads the rendezvous message `m` into a buffer of its own (in the endpoint's memory
+    /// budget, or refused with the message left queued: see `MemoryBudgetExhausted`); the
+    /// next look of the receive takes it ([`Next::Fetched`]).
+    async fn fetch_remote(&self, m: RemoteMsg) -> Result<()> {
+        let reserved = self.shared.memory.budget().reserve(m.len)?;
+        // Allocated and registered outside the connection's lock.
+        let mut v = zeroed(m.len as usize)?;
+        let at = (v.as_mut_ptr() as usize, None);
+        let mut fetch = Fetch::open(&self.shared.pd, m, at, Box::new(v), 0)
+            .await
+            .map_err(|(e, _)| e)?;
+        fetch.reserved = Some(reserved);
+        drop(self.start_fetch(fetch));
+        Ok(())
+    }
+
+    /// A rendezvous message read into a buffer of its own, as a [`Message`].
+    fn fetched_message(&self, f: Box<Fetch>) -> Message {
+        let io = &self.shared.io;
+        let len = f.len() as usize;
+        let (v, copied) = f.into_dest().into_vec(len);
+        if copied {
+            // A dropped `recv_into`'s buffer: the one copy on this path.
+            io.with(|s| s.recv_bytes.copied += len as u64);
+        }
+        Message::new(Delivery::Assembled(v), io.clone())
     }
 
     /// Receives the next message into `buf` (its whole capacity,

@@ -181,7 +181,7 @@ impl Shared {
         // for them); anything else hands the run over first, so each queue pair's completions
         // still reach their owners in the order of the CQ.
         let mut run_of: Option<(QpKey, &Arc<dyn Sink>)> = None;
-        for wc in wcs {
+        for (i, wc) in wcs.iter().enumerate() {
             let cqe = Cqe::from(wc);
             if !wc.is_success() {
                 debug!(wr_id = cqe.wr_id, qpn = wc.qp_num(), status = %cqe.status, "work completion error");
@@ -214,6 +214,20 @@ impl Shared {
             if let Some(sink) = sink.filter(|_| wc.is_success()) {
                 if run_of.is_none_or(|(k, _)| k != key) {
                     hand_run(run, run_of.take(), core, out, wake);
+                    // A run starts only if the next completion may belong to it (its queue
+                    // pair's number and a sink's `wr_id`; the next round checks the key and
+                    // the status): a lone completion (a ping-pong's) goes straight in.
+                    let joins = wcs
+                        .get(i + 1)
+                        .is_some_and(|n| n.qp_num() == wc.qp_num() && n.wr_id() & SINK_BIT != 0);
+                    if !joins {
+                        let failed =
+                            sink.on_completion(cqe.wr_id as u32, &cqe, core.failure(key), wake);
+                        if let Some(cause) = failed {
+                            core.fail_qp(key, cause, out);
+                        }
+                        continue;
+                    }
                     run_of = Some((key, sink));
                 }
                 run.push((cqe.wr_id as u32, cqe));

@@ -47,6 +47,7 @@ impl ConnIo {
 impl ConnIo {
     /// One completion of this connection into its state (under its lock): the receive or
     /// send it completes leaves the posted lists, and the state machine hears of it.
+    #[inline(always)]
     fn apply(
         &self,
         s: &mut ConnState,
@@ -115,34 +116,23 @@ impl ConnIo {
     }
 }
 
-impl Sink for ConnIo {
-    fn on_completion(
+impl ConnIo {
+    /// A look at the state for completions: `apply` feeds them to it under the lock, then
+    /// what they changed is settled and pumped once. `ok`: all of them succeeded. Returns the
+    /// failure to record for the queue pair (see [`Sink::on_completion`]).
+    #[inline(always)]
+    fn take_completions(
         &self,
-        local: u32,
-        cqe: &Cqe,
-        qp_failure: Option<&QpFailure>,
+        ok: bool,
         wake: &mut Deferred,
-    ) -> Option<QpFailure> {
-        self.on_completions(&[(local, *cqe)], qp_failure, wake)
-    }
-
-    /// The run in one look at the state: one lock, one clock read, one pump for all of it
-    /// (a receiver that polls ten completions at a time pays for the look once per ten).
-    fn on_completions(
-        &self,
-        run: &[(u32, Cqe)],
-        qp_failure: Option<&QpFailure>,
-        wake: &mut Deferred,
+        apply: impl FnOnce(&mut ConnState, Instant, &mut Deferred),
     ) -> Option<QpFailure> {
         let now = Instant::now();
-        let ok = run.iter().all(|(_, c)| c.status == WcStatus::Success);
         let mut s = self.lock();
         self.bump_changes(&s);
         self.report_dropped(&mut s);
         let was_failed = s.proto.failure().is_some();
-        for (local, cqe) in run {
-            self.apply(&mut s, *local, cqe, qp_failure, now, wake);
-        }
+        apply(&mut s, now, wake);
         self.settle_dropped(&mut s);
         let kick = self.pump(&mut s, Some(now), wake);
         let newly_failed = !was_failed && s.proto.failure().is_some();
@@ -170,6 +160,37 @@ impl Sink for ConnIo {
             self.kick.notify_one();
         }
         failure
+    }
+}
+
+impl Sink for ConnIo {
+    fn on_completion(
+        &self,
+        local: u32,
+        cqe: &Cqe,
+        qp_failure: Option<&QpFailure>,
+        wake: &mut Deferred,
+    ) -> Option<QpFailure> {
+        let ok = cqe.status == WcStatus::Success;
+        self.take_completions(ok, wake, |s, now, wake| {
+            self.apply(s, local, cqe, qp_failure, now, wake);
+        })
+    }
+
+    /// The run in one look at the state: one lock, one clock read, one pump for all of it
+    /// (a receiver that polls ten completions at a time pays for the look once per ten).
+    fn on_completions(
+        &self,
+        run: &[(u32, Cqe)],
+        qp_failure: Option<&QpFailure>,
+        wake: &mut Deferred,
+    ) -> Option<QpFailure> {
+        let ok = run.iter().all(|(_, c)| c.status == WcStatus::Success);
+        self.take_completions(ok, wake, |s, now, wake| {
+            for (local, cqe) in run {
+                self.apply(s, *local, cqe, qp_failure, now, wake);
+            }
+        })
     }
 
     fn after_unlock(&self) {
