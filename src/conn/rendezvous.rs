@@ -91,7 +91,7 @@ impl Connection {
             match self.next(&mut wait, None, 0, None).await? {
                 Next::Local(d) => return Ok(d.map(|d| Message::new(d, io.clone()))),
                 Next::Remote(m) => self.fetch_remote(m).await?,
-                Next::Fetched(f) => return Ok(Some(self.fetched_message(f))),
+                Next::Fetched(f) => return Ok(Some(self.fetched_message(*f))),
                 Next::Taken(_) => unreachable!("no batch given"),
             }
         }
@@ -232,7 +232,7 @@ impl Connection {
                 Next::Local(Some(_)) => unreachable!("a batch takes local messages"),
                 Next::Remote(m) => self.fetch_remote(m).await?,
                 Next::Fetched(f) => {
-                    out.push(self.fetched_message(f));
+                    out.push(self.fetched_message(*f));
                     return Ok(1);
                 }
             }
@@ -256,7 +256,7 @@ impl Connection {
     }
 
     /// A rendezvous message read into a buffer of its own, as a [`Message`].
-    fn fetched_message(&self, f: Box<Fetch>) -> Message {
+    fn fetched_message(&self, f: Fetch) -> Message {
         let io = &self.shared.io;
         let len = f.len() as usize;
         let (v, copied) = f.into_dest().into_vec(len);
