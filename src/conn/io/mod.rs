@@ -35,6 +35,7 @@ mod fetch;
 mod recv;
 mod retire;
 mod send;
+pub(crate) use send::SEND_CHAIN;
 mod srq_route;
 mod teardown;
 #[cfg(test)]

@@ -12,7 +12,97 @@ use crate::error::QpFailure;
 use crate::proto::conn::Chunk;
 use crate::verbs::{SendOp, SendWr, Sge};
 
+/// The most messages [`ConnIo::post_inline_many`] posts as one chain (one `ibv_post_send`).
+pub(crate) const SEND_CHAIN: usize = 16;
+
 impl ConnIo {
+    /// Hands out and posts, as one chained list (one `ibv_post_send`, one doorbell), the
+    /// leading messages of `msgs` that can go at once as they are: each small enough to go
+    /// inline (at most `max_inline` bytes), with a data credit, room in this side's share of
+    /// the send queue and nothing queued before it ([`send_now`]), at most [`SEND_CHAIN`].
+    /// Returns how many went (0: the first cannot go at once). The chunks are posted in the
+    /// order they were handed out, before the lock is released: the wire order is the
+    /// hand-out order, as for single sends.
+    ///
+    /// # Errors
+    ///
+    /// The state machine's refusal of the first message ([`send_now`]'s errors: too large,
+    /// the connection failed); a refusal of a later one ends the chain and is left to the
+    /// next send of that message. A failed post fails the connection
+    /// ([`Error::QpFailed`](crate::Error::QpFailed)).
+    ///
+    /// [`send_now`]: crate::proto::conn::ConnProto::send_now
+    pub(crate) fn post_inline_many<M: AsRef<[u8]>>(
+        &self,
+        s: &mut ConnState,
+        msgs: &[M],
+    ) -> crate::Result<usize> {
+        let room = (self.sq_budget as usize).saturating_sub(s.sends.len());
+        let mut imms = [0u32; SEND_CHAIN];
+        let mut n = 0;
+        for m in msgs.iter().take(SEND_CHAIN.min(room)) {
+            let len = m.as_ref().len();
+            if len > self.max_inline {
+                break;
+            }
+            match s.proto.send_now(len as u64) {
+                Ok(Some(chunk)) => {
+                    imms[n] = chunk.imm;
+                    n += 1;
+                }
+                Ok(None) => break,
+                Err(e) if n == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut sges = [Sge::ZERO; SEND_CHAIN];
+        for (sge, m) in sges.iter_mut().zip(&msgs[..n]) {
+            let b = m.as_ref();
+            // Inline: the device copies the bytes at post time, no key needed.
+            *sge = Sge::new(b.as_ptr() as u64, b.len() as u32, 0);
+        }
+        let mut wrs = [SendWr::EMPTY; SEND_CHAIN];
+        let mut seq = s.next_send;
+        for i in 0..n {
+            let len = msgs[i].as_ref().len();
+            let list: &[Sge] = if len == 0 {
+                &[]
+            } else {
+                std::slice::from_ref(&sges[i])
+            };
+            let signaled = self.signal(s, false);
+            let wr_id = self.wr_base | u64::from(SEND_BIT | seq);
+            wrs[i] = SendWr {
+                inline: len > 0,
+                signaled,
+                ..SendWr::new(wr_id, SendOp::SendWithImm(imms[i]), list)
+            };
+            s.sent_bytes.inline += len as u64;
+            seq = (seq + 1) & !SEND_BIT;
+        }
+        // SAFETY: every payload is inline, copied during the call; `msgs` outlives it.
+        let posted = unsafe { self.qp.post_send(&wrs[..n]) };
+        // Remembered whatever the post says: a request the device took before a failure
+        // completes (flushed) against its entry. Inline entries hold no memory.
+        for _ in 0..n {
+            let seq = s.next_send;
+            s.next_send = (seq + 1) & !SEND_BIT;
+            s.sends.push_back((seq, Sent::Data(Held::Inline)));
+        }
+        match posted {
+            Ok(()) => Ok(n),
+            Err(e) => {
+                self.post_failed(s, &e);
+                Err(crate::Error::QpFailed(
+                    s.proto.failure().cloned().unwrap_or(QpFailure::Flushed),
+                ))
+            }
+        }
+    }
+
     /// Whether a send can be posted now (room in this side's share of the send queue);
     /// otherwise registers `waker` for when a completion makes room.
     pub(crate) fn sq_ready(&self, s: &mut ConnState, waker: &Waker) -> bool {
