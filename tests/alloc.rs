@@ -178,6 +178,49 @@ fn messages(mode: CompletionMode, port: u16) -> u64 {
     })
 }
 
+/// Connection messages in batches (`send_many` of 8 messages of 64 B, taken with
+/// `recv_many` into a reused vector): allocations over [`OPS`] messages.
+fn message_batches(mode: CompletionMode, port: u16) -> u64 {
+    runtime().block_on(async {
+        let ep = Endpoint::open_with(
+            &common::device_name(),
+            EndpointOptions::default().completion_mode(mode),
+        )
+        .expect("endpoint");
+        let listener = ep.listen(addr(port)).await.expect("listen");
+        let (client, server) = tokio::join!(
+            ep.connect(addr(port), ConnectOptions::default()),
+            listener.accept()
+        );
+        let (client, server) = (client.expect("connect"), server.expect("accept"));
+        let msgs = [[0x5au8; 64]; 8];
+        let mut got = Vec::with_capacity(msgs.len());
+        let mut rounds = async |n: usize| {
+            for _ in 0..n / msgs.len() {
+                let take = async {
+                    let mut k = 0;
+                    while k < msgs.len() {
+                        k += server.recv_many(&mut got, msgs.len()).await.unwrap();
+                    }
+                    assert!(got.iter().all(|m| m[..] == msgs[0][..]));
+                    got.clear();
+                };
+                let (sent, ()) = tokio::join!(client.send_many(&msgs), take);
+                sent.unwrap();
+            }
+        };
+        rounds(WARMUP).await;
+        let n = count(rounds(OPS)).await;
+        println!(
+            "message batches, {mode:?}: {OPS} messages of 64 B in batches of {} after {WARMUP} warm-up: {n} allocations; endpoint {:?}",
+            msgs.len(),
+            ep.stats()
+        );
+        client.close().await.unwrap();
+        n
+    })
+}
+
 /// Batches (`AsyncQp::batch`): full batches of writes, the batch reused across rounds;
 /// returns the allocations over the measured rounds (at least [`OPS`] writes).
 fn batches(mode: CompletionMode) -> u64 {
@@ -243,6 +286,21 @@ fn connection_messages_allocate_nothing_in_steady_state() {
         (CompletionMode::Event, 7312),
     ] {
         assert_eq!(messages(mode, port), 0, "allocations in {mode:?} mode");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+fn send_many_and_recv_many_allocate_nothing_in_steady_state() {
+    for (mode, port) in [
+        (CompletionMode::BusyPoll, 7316),
+        (CompletionMode::Event, 7317),
+    ] {
+        assert_eq!(
+            message_batches(mode, port),
+            0,
+            "allocations in {mode:?} mode"
+        );
     }
 }
 
