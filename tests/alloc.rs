@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::{all_access, async_pair_with, posted, reg_with};
 use tokio_rdma::buf::RemoteToken;
-use tokio_rdma::conn::ConnectOptions;
+use tokio_rdma::conn::{ConnectOptions, Connection, Listener};
 use tokio_rdma::driver::{CompletionMode, DriverOptions, QpOptions};
 use tokio_rdma::verbs::{AccessFlags, RegisteredBuffer};
 use tokio_rdma::{Endpoint, EndpointOptions};
@@ -138,20 +138,31 @@ fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([192, 0, 2, 1], port))
 }
 
+/// An endpoint in `mode` with a connection to itself on `port`: the endpoint, its listener,
+/// and the connection's two ends (client, server).
+async fn loopback(mode: CompletionMode, port: u16) -> (Endpoint, Listener, Connection, Connection) {
+    let ep = Endpoint::open_with(
+        &common::device_name(),
+        EndpointOptions::default().completion_mode(mode),
+    )
+    .expect("endpoint");
+    let listener = ep.listen(addr(port)).await.expect("listen");
+    let (client, server) = tokio::join!(
+        ep.connect(addr(port), ConnectOptions::default()),
+        listener.accept()
+    );
+    (
+        ep,
+        listener,
+        client.expect("connect"),
+        server.expect("accept"),
+    )
+}
+
 /// Connection messages (64 B ping-pong on one endpoint): allocations over [`OPS`] messages.
 fn messages(mode: CompletionMode, port: u16) -> u64 {
     runtime().block_on(async {
-        let ep = Endpoint::open_with(
-            &common::device_name(),
-            EndpointOptions::default().completion_mode(mode),
-        )
-        .expect("endpoint");
-        let listener = ep.listen(addr(port)).await.expect("listen");
-        let (client, server) = tokio::join!(
-            ep.connect(addr(port), ConnectOptions::default()),
-            listener.accept()
-        );
-        let (client, server) = (client.expect("connect"), server.expect("accept"));
+        let (ep, _listener, client, server) = loopback(mode, port).await;
         let ping = [0x5au8; 64];
         let pong = [0xa5u8; 64];
         let rounds = async |n: usize| {
@@ -182,17 +193,7 @@ fn messages(mode: CompletionMode, port: u16) -> u64 {
 /// `recv_many` into a reused vector): allocations over [`OPS`] messages.
 fn message_batches(mode: CompletionMode, port: u16) -> u64 {
     runtime().block_on(async {
-        let ep = Endpoint::open_with(
-            &common::device_name(),
-            EndpointOptions::default().completion_mode(mode),
-        )
-        .expect("endpoint");
-        let listener = ep.listen(addr(port)).await.expect("listen");
-        let (client, server) = tokio::join!(
-            ep.connect(addr(port), ConnectOptions::default()),
-            listener.accept()
-        );
-        let (client, server) = (client.expect("connect"), server.expect("accept"));
+        let (ep, _listener, client, server) = loopback(mode, port).await;
         let msgs = [[0x5au8; 64]; 8];
         let mut got = Vec::with_capacity(msgs.len());
         let mut rounds = async |n: usize| {
