@@ -347,3 +347,125 @@ async fn start_posts_without_polling_or_spinning() {
         }
     }
 }
+
+/// Event mode: a future that waits alone watches the completion channel itself, so a CQ event
+/// wakes its task directly and the completion task is not run per operation
+/// (`driver::watch`). Then futures of two tasks wait at once (the completion task watches
+/// for both), then one of a join of two in one task, and a watching future dropped while it
+/// waits: every operation completes, with the right bytes.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "needs an RDMA device; runs in the soft-RoCE VM via scripts/test"]
+async fn a_lone_sleeper_watches_the_channel_and_hands_over_to_others() {
+    use tokio_rdma::driver::{CompletionMode, DriverOptions, QpOptions};
+    let p = std::sync::Arc::new(common::async_pair_with(
+        DriverOptions::default().mode(CompletionMode::Event),
+        QpOptions::default(),
+    ));
+    let len = 4096;
+    let data = pattern(len, 3);
+    let target = reg_with(&p.pd, &data, all_access());
+    let remote = token(&target);
+    let n = 200u64;
+    let before = p.driver.stats();
+    let mut dst = RegisteredBuffer::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..n {
+        let at = (i * 8) % (len as u64 - 64);
+        let (res, d) = within(
+            60,
+            "read",
+            p.a.read(dst, remote.slice(at..at + 64).unwrap()),
+        )
+        .await;
+        res.unwrap();
+        assert_eq!(d.to_vec(), &data[at as usize..at as usize + 64]);
+        dst = d;
+    }
+    let after = p.driver.stats();
+    let runs = after.task_wakeups - before.task_wakeups;
+    let events = after.cq_events - before.cq_events;
+    println!("{n} lone reads: {runs} completion-task runs, {events} CQ events");
+    assert!(events >= n / 2, "the reads slept on CQ events: {events}");
+    assert!(
+        runs < n / 10,
+        "a lone waiter's events woke its own task, not the completion task: {runs} runs"
+    );
+
+    // A join of a send and its receive in one task: both sleep in the watch task.
+    let before = p.driver.stats();
+    for i in 0..50u8 {
+        let msg = pattern(32, i);
+        let recv =
+            p.b.recv(RegisteredBuffer::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap());
+        let recv = posted(recv);
+        let send = p.a.send(reg_with(&p.pd, &msg, AccessFlags::LOCAL_WRITE));
+        let ((rres, rx), (sres, _)) = within(60, "join", async { tokio::join!(recv, send) }).await;
+        sres.unwrap();
+        assert_eq!(rres.unwrap().len, 32);
+        assert_eq!(&rx.to_vec()[..32], &msg[..]);
+    }
+    let runs = p.driver.stats().task_wakeups - before.task_wakeups;
+    println!("50 joins of a send and its receive: {runs} completion-task runs");
+    assert!(runs < 10, "one task's sleepers watch together: {runs} runs");
+
+    // Two tasks wait at once: the second one's sleep hands the channel to the completion
+    // task, which wakes both.
+    for round in 0..20u8 {
+        let q = p.clone();
+        let waiting = tokio::spawn(async move {
+            let rx = RegisteredBuffer::new(&q.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+            let (res, rx) = q.b.recv(rx).await;
+            (res.unwrap().len, rx.to_vec())
+        });
+        // Let the receive go to sleep (it becomes the watcher) before this task waits.
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        let msg = pattern(16, round);
+        let (res, _) = within(
+            60,
+            "a send beside another task's receive",
+            p.a.send(reg_with(&p.pd, &msg, AccessFlags::LOCAL_WRITE)),
+        )
+        .await;
+        res.unwrap();
+        let (len, got) = within(60, "the other task's receive", waiting)
+            .await
+            .unwrap();
+        assert_eq!(len, 16);
+        assert_eq!(&got[..16], &msg[..]);
+    }
+
+    // A watching future dropped while it waits: its receive stays posted (its buffer parked
+    // until the completion). The message comes from a send that is started and not awaited,
+    // so nobody waits when the completions arrive: the completion task, woken by the drop,
+    // must apply them (and release the parked buffer).
+    for round in 0..10u8 {
+        // Posted by `start` (a coalescing queue pair's first poll only queues).
+        let mut parked =
+            posted(p.b.recv(RegisteredBuffer::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap()));
+        assert!(futures::poll!(&mut parked).is_pending(), "nothing was sent");
+        drop(parked);
+        assert_eq!(p.driver.stats().ops_in_table, 1, "the receive stays posted");
+        let before = p.driver.stats().completions;
+        let mut send = p.a.send(reg_with(
+            &p.pd,
+            &pattern(8, round),
+            AccessFlags::LOCAL_WRITE,
+        ));
+        send.start();
+        within(60, "completions nobody waits for", async {
+            while p.driver.stats().completions < before + 2 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        assert_eq!(
+            p.driver.stats().ops_in_table,
+            1,
+            "the parked buffer is released; the send's outcome waits for its future"
+        );
+        let (res, _) = within(60, "the started send", send).await;
+        res.unwrap();
+        assert_eq!(p.driver.stats().ops_in_table, 0);
+    }
+    drop(target);
+}

@@ -109,6 +109,9 @@ impl<'a> Progress<'a> {
             if self.waiter.keep_spinning(conn.qp.shared(), WaitKind::Recv) {
                 cx.waker().wake_by_ref();
             }
+            // A connection's driver has sinks: its sleepers never watch the channel
+            // themselves (`driver::watch`), the completion task does.
+            self.waiter.kick_if_due(conn.qp.shared());
             Poll::Pending
         })
         .await

@@ -280,6 +280,8 @@ impl<B: Send + 'static> RawBatch<B> {
         let bufs = std::mem::replace(&mut self.bufs, Vec::with_capacity(MAX_BATCH));
         let mut kept = Vec::with_capacity(bufs.len());
         let mut st = shared.lock();
+        super::watch::leave(&mut st, &mut self.waiter, shared);
+        let mut parked = false;
         for (i, buf) in bufs.into_iter().enumerate() {
             if i < next {
                 kept.push(buf);
@@ -289,7 +291,12 @@ impl<B: Send + 'static> RawBatch<B> {
             st.core.cancel_with(self.ids[i], || {
                 Box::new(buf.take().expect("parked once")) as Payload
             });
+            parked |= buf.is_none();
             kept.extend(buf);
+        }
+        if parked && st.watch.task_needed() {
+            // As a dropped operation's (`RawOp`): the completion task watches for them.
+            shared.notify.notify_one();
         }
         drop(st);
         drop(kept);

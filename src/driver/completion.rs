@@ -19,16 +19,16 @@ use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use tokio::io::Interest;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::time::Sleep;
-use tracing::{debug, error, trace, warn};
+use tracing::{debug, error, trace};
 
 use super::deferred::Deferred;
 use super::latency::WaitKind;
 use super::options::CompletionMode;
 use super::shared::Shared;
 use super::state::{LAST_WQE_WAIT, QpEntry};
+use super::watch::Holder;
 use crate::verbs::CompletionChannel;
 
 /// While futures spin, how often the task checks that they still poll (see `run`).
@@ -41,12 +41,17 @@ const CLOSING_CHECK: Duration = Duration::from_millis(50);
 /// itself (yielding between them) while no future spins, before it arms the CQ and sleeps.
 const TASK_SPIN_ROUNDS: u32 = 64;
 
-/// Acknowledge CQ events once this many are pending (one `ibv_ack_cq_events` for all).
-const ACK_BATCH: u32 = 32;
-
 /// Keeps the completion channel (and so its descriptor) open while registered with the
 /// reactor (the completion task's, and an [`OwnedQp`](crate::owned::OwnedQp)'s waits).
 pub(crate) struct ChannelFd(pub(crate) CompletionChannel);
+
+impl std::fmt::Debug for ChannelFd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ChannelFd")
+            .field(&self.0.as_raw_fd())
+            .finish()
+    }
+}
 
 impl AsRawFd for ChannelFd {
     fn as_raw_fd(&self) -> RawFd {
@@ -55,22 +60,7 @@ impl AsRawFd for ChannelFd {
 }
 
 pub(crate) async fn run(shared: Arc<Shared>) {
-    let channel = shared
-        .cq
-        .channel()
-        .expect("driver CQs have a channel")
-        .clone();
-    // SAFETY: `ChannelFd` owns a handle of the channel, so the descriptor stays open and the
-    // same for the whole life of the AsyncFd.
-    let afd = match unsafe {
-        AsyncFd::register_with_interest(ChannelFd(channel), Interest::READABLE)
-    } {
-        Ok(afd) => afd,
-        Err(e) => {
-            error!(error = %std::io::Error::from(e), "cannot register the completion channel with the reactor");
-            return;
-        }
-    };
+    let afd = &shared.events;
     let mut reaped = Vec::new();
     // Reused by every drain (emptied by each): its inline waker slots are set up once, not
     // per drain.
@@ -87,9 +77,6 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         }
         n > 0
     };
-    // The CQ is armed and was drained after the arm: any later completion raises an event, so
-    // there is no need to arm (and poll) again before the next one is read.
-    let mut armed = false;
     // The event branch below has just drained the CQ: no need to poll again at once.
     let mut fresh = false;
     // Busy mode: rounds this task has polled the CQ in a row and found nothing.
@@ -130,13 +117,16 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             && others_polled
             && !shared.sleepers.any();
         let watched_by_others = (spinners && !stale) || polled_in_place;
+        // The futures that sleep watch the channel themselves (`watch`): nothing to arm
+        // or wait on here until one that cannot watch wakes this task.
+        let watch_task = shared.watched.load(Ordering::Acquire);
         spun_at = Some(shared.counters.polls.load(Ordering::Relaxed));
-        if watched_by_others {
+        if watched_by_others || watch_task {
             idle_rounds = 0;
             if adaptive {
                 watched = Instant::now();
             }
-        } else if !armed {
+        } else if !shared.armed.load(Ordering::Acquire) {
             // Nobody polls the CQ: in busy mode this task does, while anything is
             // outstanding, for up to TASK_SPIN_ROUNDS rounds that find nothing (futures
             // that wait spin themselves; a task spinning beside them on another worker of
@@ -158,13 +148,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 SelfYield(false).await;
                 continue;
             }
-            if let Err(e) = shared.cq.req_notify_driven(false) {
+            if let Err(e) = shared.arm() {
                 error!(error = %e, "arming the completion queue failed; falling back to polling");
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 continue;
             }
-            shared.counters.arms.fetch_add(1, Ordering::Relaxed);
-            armed = true;
             // Completions that arrived before the arm raise no event: poll once more.
             if seen(shared.drain(&mut reaped, &mut wake), &mut watched) {
                 continue;
@@ -181,42 +169,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             let at = tokio::time::Instant::now() + d;
             timer.as_mut().reset(at);
         }
-        match wait(&afd, &shared, timeout.map(|_| &mut timer)).await {
-            Woken::Readable(mut guard) => {
-                // One event at most is pending: this task is the only one that arms the CQ,
-                // and it arms only while `armed` is false, which it becomes only when the
-                // event of the last arm has been read (below). So after reading one event the
-                // channel is empty until the next arm, which comes after this readiness is
-                // cleared: its event is a new edge. Reading on until EAGAIN, as before, was
-                // one more system call per event (`strace -c`, `send_lat` event: 2 reads per
-                // round trip, one of them EAGAIN).
-                let events = match shared.cq.get_event_driven() {
-                    Ok(true) => 1u64,
-                    Ok(false) => 0,
-                    Err(e) => {
-                        warn!(error = %e, "reading a CQ event failed");
-                        0
-                    }
-                };
-                guard.clear_ready();
-                shared
-                    .counters
-                    .cq_events
-                    .fetch_add(events, Ordering::Relaxed);
-                if events > 0 {
-                    // The event consumed the arm.
-                    armed = false;
+        match wait(afd, &shared, timeout.map(|_| &mut timer)).await {
+            Woken::Readable(guard) => {
+                if shared.take_event(guard) {
                     if shared.mode == CompletionMode::Event && !shared.spinners.any() {
-                        // Re-arm before draining (as perftest does): a completion after the
-                        // arm raises the next event, one found by this drain was there before
-                        // it; one poll per event instead of three.
-                        match shared.cq.req_notify_driven(false) {
-                            Ok(()) => {
-                                shared.counters.arms.fetch_add(1, Ordering::Relaxed);
-                                armed = true;
-                            }
-                            Err(e) => warn!(error = %e, "re-arming the completion queue failed"),
-                        }
+                        shared.rearm();
                     }
                     fresh = true;
                     if shared.drain(&mut reaped, &mut wake) == 0 {
@@ -226,9 +183,6 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                     } else {
                         seen(1, &mut watched);
                     }
-                }
-                if shared.cq.unacked_events() >= ACK_BATCH {
-                    shared.cq.ack_events();
                 }
             }
             Woken::Failed(e) => {
@@ -277,10 +231,18 @@ fn wait<'a>(
         if shared.notify.poll_kicked(cx).is_ready() {
             return Poll::Ready(Woken::Kicked);
         }
-        match afd.poll_read_ready(cx) {
-            Poll::Ready(Ok(guard)) => return Poll::Ready(Woken::Readable(guard)),
-            Poll::Ready(Err(e)) => return Poll::Ready(Woken::Failed(e)),
-            Poll::Pending => {}
+        // Under the driver's lock, which a watching future also registers under: while a
+        // watch task watches, its futures hold the reader slot and this task leaves it to
+        // them (taking it would leave them unwoken); otherwise it records that it holds it.
+        {
+            let mut st = shared.lock();
+            if !st.watch.active() {
+                match afd.poll_read_ready(cx) {
+                    Poll::Ready(Ok(guard)) => return Poll::Ready(Woken::Readable(guard)),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Woken::Failed(e)),
+                    Poll::Pending => st.watch.holder = Holder::Task,
+                }
+            }
         }
         if let Some(t) = timer.as_mut() {
             if t.as_mut().poll(cx).is_ready() {

@@ -37,6 +37,7 @@ mod sink;
 mod spinners;
 mod state;
 mod wait;
+mod watch;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -58,6 +59,8 @@ pub(crate) use wait::{Waiter, wait_until};
 
 use crate::error::{Error, InvalidArgument, Result};
 use crate::verbs::{CompletionChannel, CompletionQueue, Context};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
 /// A completion queue with its machinery: the completion task and the async-event task. Cheap
@@ -104,9 +107,20 @@ impl Driver {
         let channel = CompletionChannel::new(ctx)?;
         let cq = CompletionQueue::new(ctx, opts.cq_size, Some(&channel))?;
         cq.set_driven();
+        // SAFETY: `ChannelFd` owns a handle of the channel, so the descriptor stays open and
+        // the same for the whole life of the AsyncFd.
+        let events =
+            unsafe { AsyncFd::register_with_interest(ChannelFd(channel), Interest::READABLE) }
+                .map_err(|e| Error::CreateCompChannel(e.into()))?;
         let one_thread = tokio::runtime::Handle::current().runtime_flavor()
             == tokio::runtime::RuntimeFlavor::CurrentThread;
-        let shared = Arc::new(Shared::new(cq, opts.mode, opts.poll_batch, one_thread));
+        let shared = Arc::new(Shared::new(
+            cq,
+            events,
+            opts.mode,
+            opts.poll_batch,
+            one_thread,
+        ));
         let alive = Arc::new(());
         let token = alive.clone();
         let task = completion::run(shared.clone());
@@ -167,8 +181,16 @@ impl Driver {
     /// Routes the shared receive queue's completions whose queue pair is gone to `sink`, and
     /// returns the notifier signalled when the device reports the queue's limit reached.
     pub(crate) fn set_srq_sink(&self, sink: Arc<dyn Sink>) -> Arc<Notify> {
-        self.inner.shared.lock().srq_sink = Some(sink);
-        self.inner.shared.srq_limit.clone()
+        let shared = &self.inner.shared;
+        let mut st = shared.lock();
+        if st.srq_sink.replace(sink).is_none() {
+            // As a connection's sink (`AsyncQp::set_sink`): the completion task watches.
+            st.watch.sinks += 1;
+            st.watch.end(shared);
+        }
+        drop(st);
+        shared.notify.notify_one();
+        shared.srq_limit.clone()
     }
 
     pub(crate) fn release_budget(&self, need: u64) {

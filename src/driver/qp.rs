@@ -152,8 +152,18 @@ impl AsyncQp {
     /// Routes the completions of requests posted with [`sink_wr_id`](Self::sink_wr_id) to
     /// `sink` (a connection's receives and message sends, posted by the connection itself).
     pub(crate) fn set_sink(&self, sink: std::sync::Arc<dyn Sink>) {
-        if let Some(e) = self.shared().lock().entry_mut(self.key) {
-            e.sink = Some(sink);
+        let shared = self.shared();
+        let mut st = shared.lock();
+        let Some(e) = st.entry_mut(self.key) else {
+            return;
+        };
+        if e.sink.replace(sink).is_none() {
+            // Its completions are to be applied while nobody waits: the completion task
+            // watches the channel from now on (`watch`).
+            st.watch.sinks += 1;
+            st.watch.end(shared);
+            drop(st);
+            shared.notify.notify_one();
         }
     }
 
@@ -250,7 +260,9 @@ impl Drop for AsyncQp {
                 e.closing = true;
                 e.closing_since = Some(std::time::Instant::now());
                 // The sink (a connection) owns this handle; break the cycle.
-                e.sink = None;
+                if e.sink.take().is_some() {
+                    st.watch.sinks -= 1;
+                }
             }
             self.shared()
                 .closing

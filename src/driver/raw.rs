@@ -299,11 +299,14 @@ pub(super) fn wait_outcome<'s>(
         spin = waiter.keep_spinning(shared, kind) || shared.stopped.load(Ordering::Acquire);
         if !spin {
             // Sleep: the waker is registered under the lock, so a completion applied by
-            // anyone after this point wakes us.
-            res = st.core.poll_result(wr_id, Some(cx));
+            // anyone after this point wakes us; the future may watch the channel itself.
+            res = super::watch::sleep(shared, &mut st, waiter, wr_id, cx, wake);
+        } else {
+            waiter.kick_if_due(shared);
         }
     }
     if let Poll::Ready(outcome) = res {
+        super::watch::leave(&mut st, waiter, shared);
         drop(st);
         wake.run();
         waiter.done(shared, kind);
@@ -394,9 +397,17 @@ impl<B: Send + 'static> Drop for RawOp<B> {
             // Resolved, or never posted: nothing of it is in the table.
             return;
         };
-        shared.lock().core.cancel_with(wr_id, || {
+        let mut st = shared.lock();
+        super::watch::leave(&mut st, waiter, shared);
+        st.core.cancel_with(wr_id, || {
             Box::new(buf.take().expect("parked once")) as Payload
         });
+        if buf.is_none() && st.watch.task_needed() {
+            // Parked until its completion: the completion task must watch for it (a future
+            // that watched may be gone).
+            shared.notify.notify_one();
+        }
+        drop(st);
         // Not parked (never posted, or already complete): dropped with the future, outside the
         // lock.
     }

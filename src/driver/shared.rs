@@ -12,9 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
+use super::completion::ChannelFd;
 use super::counters::{Counters, add_held};
 use super::deferred::{Deferred, Payload, Sink};
 use super::kick::TaskKick;
@@ -25,6 +27,7 @@ use super::post;
 use super::sink::{SINK_BIT, sink_key};
 use super::spinners::Spinners;
 use super::state::{QpEntry, State};
+use super::watch::Watch;
 use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, QpKey};
 use crate::verbs::{CompletionQueue, WcBatch};
@@ -38,10 +41,21 @@ use crate::verbs::{CompletionQueue, WcBatch};
 /// wait that ends up sleeping spins at most one slice past it.
 pub(crate) const IN_PLACE_POLLS: u32 = 64;
 
+/// Acknowledge CQ events once this many are pending (one `ibv_ack_cq_events` for all).
+const ACK_BATCH: u32 = 32;
+
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
     pub(crate) cq: CompletionQueue,
+    /// The CQ's completion channel, registered with the reactor: the completion task waits
+    /// on it, and so does a watching future ([`watch`](super::watch)).
+    pub(crate) events: AsyncFd<ChannelFd>,
+    /// The CQ is armed: its next completion raises an event ([`arm`](Self::arm)).
+    pub(crate) armed: AtomicBool,
+    /// A watch task watches the channel ([`Watch::active`](super::watch::Watch::active),
+    /// mirrored for the completion task's lock-free look).
+    pub(crate) watched: AtomicBool,
     pub(crate) mode: CompletionMode,
     /// The completion task runs on a current-thread runtime (see
     /// [`sleeper_joined`](Self::sleeper_joined)).
@@ -85,6 +99,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn new(
         cq: CompletionQueue,
+        events: AsyncFd<ChannelFd>,
         mode: CompletionMode,
         batch: usize,
         one_thread: bool,
@@ -99,8 +114,12 @@ impl Shared {
                 out: Completed::default(),
                 batch: WcBatch::with_capacity(batch.max(1)),
                 run: Vec::with_capacity(batch.max(1)),
+                watch: Watch::default(),
             }),
             cq,
+            events,
+            armed: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
             mode,
             one_thread,
             spinners: Spinners::default(),
@@ -392,8 +411,10 @@ impl Shared {
         }
     }
 
-    /// A future goes to sleep until woken: if it is the first, the completion task (which may
-    /// be leaving the CQ to the futures that poll it in place) must watch it now.
+    /// A future goes to sleep until woken. Returns whether the completion task is to be
+    /// woken (the caller does it, unless the future watches the channel itself,
+    /// [`watch`](super::watch)): if it is the first sleeper, the task (which may be leaving the
+    /// CQ to the futures that poll it in place) must watch it now.
     ///
     /// In event mode the task always watches (it never sleeps without the CQ armed): the
     /// wake-up is then a task run and an empty poll per sleeping wait, for nothing on a
@@ -402,11 +423,68 @@ impl Shared {
     /// from 243-376 µs to 490-527 µs (interleaved in one VM, 3 rounds), because the wake-up
     /// runs the completion task on the sleeping future's worker, so the CQ event's wake-up
     /// later stays on one thread (docs/benchmarks-speed-2.md).
-    pub(crate) fn sleeper_joined(&self) {
+    #[must_use = "the completion task may have to be woken"]
+    pub(crate) fn sleeper_joined(&self) -> bool {
         self.sleepers.join();
-        if self.sleepers.count() == 1 && (self.polls_in_place() || !self.one_thread) {
-            self.notify.notify_one();
+        self.sleepers.count() == 1 && (self.polls_in_place() || !self.one_thread)
+    }
+
+    /// Arms the CQ unless it is armed (its next completion raises an event). Returns whether
+    /// it armed it now. Anyone may arm (the completion task, a watching future), never twice
+    /// for one event: `armed` is cleared only when the event of the last arm is read
+    /// ([`take_event`](Self::take_event)), so at most one event is ever pending.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ReqNotifyCq`](crate::Error::ReqNotifyCq) from the provider (the CQ stays
+    /// unarmed).
+    pub(crate) fn arm(&self) -> crate::Result<bool> {
+        if self.armed.swap(true, Ordering::AcqRel) {
+            return Ok(false);
         }
+        if let Err(e) = self.cq.req_notify_driven(false) {
+            self.armed.store(false, Ordering::Release);
+            return Err(e);
+        }
+        self.counters.arms.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// [`arm`](Self::arm) after an event, before draining (as perftest does: a completion
+    /// after the arm raises the next event, one found by the drain was there before it, so
+    /// one poll per event); a failure is logged (the next wait arms again).
+    pub(crate) fn rearm(&self) {
+        if let Err(e) = self.arm() {
+            warn!(error = %e, "re-arming the completion queue failed");
+        }
+    }
+
+    /// Reads the CQ event the channel's readiness `guard` announces, without blocking, and
+    /// clears that readiness. Returns whether there was one (another reader may have taken
+    /// it: a watching future and the completion task can both hold a readiness).
+    ///
+    /// One event at most is pending (see [`arm`](Self::arm)): after reading it the channel is
+    /// empty until the next arm, whose event is a new edge. Reading on until EAGAIN was one
+    /// more system call per event (`strace -c`, `send_lat` event: 2 reads per round trip, one
+    /// of them EAGAIN).
+    pub(crate) fn take_event(&self, mut guard: AsyncFdReadyGuard<'_, ChannelFd>) -> bool {
+        let got = match self.cq.get_event_driven() {
+            Ok(got) => got,
+            Err(e) => {
+                warn!(error = %e, "reading a CQ event failed");
+                false
+            }
+        };
+        guard.clear_ready();
+        if got {
+            // The event consumed the arm.
+            self.armed.store(false, Ordering::Release);
+            self.counters.cq_events.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.cq.unacked_events() >= ACK_BATCH {
+            self.cq.ack_events();
+        }
+        got
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 
 use super::deferred::{Deferred, Payload, Sink};
+use super::watch::Watch;
 use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
 use crate::verbs::{QueuePair, WcBatch};
@@ -54,6 +55,8 @@ pub(crate) struct State {
     /// Reused by [`Shared::poll_cq`](super::shared::Shared::poll_cq): a run of successful
     /// completions of one sink's queue pair, handed to it together.
     pub(crate) run: Vec<(u32, Cqe)>,
+    /// Who watches the completion channel ([`watch`](super::watch)).
+    pub(crate) watch: Watch,
 }
 
 impl State {

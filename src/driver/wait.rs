@@ -44,6 +44,11 @@ pub(crate) struct Waiter {
     sleeping: bool,
     /// Polls of this wait so far (see [`in_place_polls`](Self::in_place_polls)).
     rounds: u8,
+    /// Counted among the sleepers of the watch of this epoch ([`Watch`](super::watch::Watch)).
+    pub(crate) watch: Option<u64>,
+    /// It went to sleep as the first sleeper: the completion task is to be woken, unless
+    /// this future watches the channel itself ([`kick_if_due`](Self::kick_if_due)).
+    kick_due: bool,
 }
 
 impl Waiter {
@@ -115,10 +120,25 @@ impl Waiter {
             if !self.sleeping {
                 self.sleeping = true;
                 self.slept = true;
-                shared.sleeper_joined();
+                self.kick_due = shared.sleeper_joined();
             }
         }
         spin
+    }
+
+    /// Wakes the completion task if this wait's going to sleep asked for it (see
+    /// [`Shared::sleeper_joined`]).
+    #[inline]
+    pub(crate) fn kick_if_due(&mut self, shared: &Shared) {
+        if self.take_kick_due() {
+            shared.notify.notify_one();
+        }
+    }
+
+    /// Whether going to sleep asked for the completion task; asks no more.
+    #[inline]
+    pub(crate) fn take_kick_due(&mut self) -> bool {
+        std::mem::take(&mut self.kick_due)
     }
 
     /// The operation completed: records its latency and stops spinning.

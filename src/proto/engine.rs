@@ -394,6 +394,15 @@ impl<P> Core<P> {
         self.poll_entry(wr_id, cx).map(|(outcome, _)| outcome)
     }
 
+    /// Forgets the waker registered for `wr_id`, if any (its future is being polled and
+    /// registers again if it stays pending). Does nothing for an id not in the table.
+    #[inline]
+    pub fn clear_waker(&mut self, wr_id: u64) {
+        if let Some(entry) = self.table.get_mut(wr_id) {
+            entry.waker = None;
+        }
+    }
+
     #[inline]
     fn poll_entry(
         &mut self,

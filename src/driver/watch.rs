@@ -1,0 +1,256 @@
+//! Sleeping futures that watch the completion channel themselves: a CQ event wakes the task
+//! that waits for it, not the completion task, which would then wake the waiting task (two task
+//! runs and a wake-up per event instead of one).
+//!
+//! A future that goes to sleep becomes a watcher when no future of another task sleeps on this
+//! driver (and no connection or shared receive queue routes completions through it, whose
+//! owners expect them applied while nobody waits). It then arms the CQ if it is not armed (and
+//! polls once more: a completion before the arm raises no event), registers its task's waker
+//! at the channel descriptor's reader slot, and, polled again, reads the event, re-arms and
+//! drains the CQ itself, as [`OwnedQp`](crate::owned::OwnedQp)'s waits do.
+//!
+//! The invariant: **while some future sleeps, someone processes the channel's readiness when
+//! it comes**, either the completion task or the one *watch task*, all of whose futures that
+//! sleep look at the descriptor whenever they are polled. Every sleeper is in the watch task
+//! while there is one (one task's futures are polled together when it is woken), so no
+//! future's wake-up depends on another task being polled:
+//!
+//! * a future of another task going to sleep ends the watch ([`Watch::end`]): it registers
+//!   its waker in the table as every sleeper does, and wakes the completion task, which
+//!   registers at the descriptor (the watch task's futures stop looking at it, under the same
+//!   lock, so they do not take the reader slot back);
+//! * the watch ends by itself when its last sleeper resolves or is dropped;
+//! * the reader slot holds one waker (the last registered). Everyone registers there under the
+//!   driver's lock and records it ([`Watch::holder`]); whoever finds the slot not the
+//!   completion task's when the task is needed (a sleeper that cannot watch, an operation
+//!   dropped in flight, a connection's sink set) wakes the task, which registers again.
+//!
+//! Any party holding a readiness reads the event without blocking (at most one is pending:
+//! the CQ is armed again only after the event of its last arm was read,
+//! [`Shared::armed`](super::shared::Shared::armed)), so two that race read it once between
+//! them; each clears the readiness it saw (not a newer one).
+
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
+
+/// The identity of the waker a task's futures are polled with (its data and vtable
+/// addresses, compared, never followed): [`Waker::will_wake`] of the waker as passed, not of a
+/// clone, whose vtable may differ (Tokio polls with a borrowed waker whose clone is an owned
+/// one: the same task, another vtable, so a clone never "will wake" the next poll's waker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TaskId(usize, usize);
+
+impl TaskId {
+    fn of(waker: &Waker) -> TaskId {
+        TaskId(
+            waker.data() as usize,
+            std::ptr::from_ref(waker.vtable()) as usize,
+        )
+    }
+}
+
+use tracing::warn;
+
+use super::deferred::Deferred;
+use super::shared::Shared;
+use super::state::State;
+use super::wait::Waiter;
+use crate::error::Result;
+use crate::proto::OpInfo;
+
+/// Who registered last at the channel descriptor's reader slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// The completion task: it processes the readiness.
+    Task,
+    /// A watch task's future (maybe one that resolved since): the completion task must be
+    /// woken to register again before it is relied on.
+    Future,
+}
+
+/// The watch, under the driver's lock.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    /// The watch task: every sleeping future is in it. `None`: the completion task watches.
+    task: Option<TaskId>,
+    /// Its sleeping futures (those whose [`Waiter::watch`] is this watch's `epoch`).
+    sleepers: usize,
+    /// Counts the watches: a waiter of an ended one is not counted in a later one.
+    epoch: u64,
+    pub(crate) holder: Holder,
+    /// Queue pairs with a sink (connections) and the shared receive queue's: while there are
+    /// any, nobody but the completion task watches.
+    pub(crate) sinks: usize,
+}
+
+impl Default for Watch {
+    fn default() -> Watch {
+        Watch {
+            task: None,
+            sleepers: 0,
+            epoch: 0,
+            holder: Holder::Task,
+            sinks: 0,
+        }
+    }
+}
+
+impl Watch {
+    /// Whether a watch task watches (the completion task then leaves the descriptor to it).
+    #[inline]
+    pub(crate) fn active(&self) -> bool {
+        self.task.is_some()
+    }
+
+    /// Ends the watch (its futures sleep on as plain sleepers, woken through the table); the
+    /// caller wakes the completion task.
+    pub(crate) fn end(&mut self, shared: &Shared) {
+        if self.task.take().is_some() {
+            self.sleepers = 0;
+            self.epoch = self.epoch.wrapping_add(1);
+            shared.watched.store(false, Ordering::Release);
+        }
+    }
+
+    /// Whether the completion task must be woken so that it registers at the descriptor.
+    #[inline]
+    pub(crate) fn task_needed(&self) -> bool {
+        self.holder != Holder::Task
+    }
+
+    /// `waiter` resolved or is dropped: it stops counting in the watch (the last one ends it).
+    /// Returns whether it ended the watch.
+    #[inline]
+    fn leave(&mut self, waiter: &mut Waiter, shared: &Shared) -> bool {
+        if let Some(epoch) = waiter.watch.take() {
+            if epoch == self.epoch && self.task.is_some() {
+                self.sleepers -= 1;
+                if self.sleepers == 0 {
+                    self.end(shared);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+}
+
+/// `waiter` resolved or is dropped (under the driver's lock): it leaves the watch. The last
+/// one to leave wakes the completion task if the table still holds operations (a started one
+/// nobody awaits yet, a dropped one's parked buffers): their completions must be applied
+/// although nobody waits, and the reader slot holds this task's waker, not the completion
+/// task's.
+#[inline]
+pub(crate) fn leave(st: &mut State, waiter: &mut Waiter, shared: &Shared) {
+    if waiter.watch.is_some()
+        && st.watch.leave(waiter, shared)
+        && st.watch.task_needed()
+        && st.core.ops_in_table() > 0
+    {
+        shared.notify.notify_one();
+    }
+}
+
+/// The sleep of request `wr_id`'s future, under the driver's lock: it registers its waker in
+/// the table (so a completion applied by anyone later wakes it), and watches the channel itself if it may (see the module), reading,
+/// re-arming and draining as events come; else it makes sure the completion task watches.
+/// Ready: the outcome (found by a drain here).
+pub(super) fn sleep(
+    shared: &Shared,
+    st: &mut State,
+    waiter: &mut Waiter,
+    wr_id: u64,
+    cx: &mut Context<'_>,
+    wake: &mut Deferred,
+) -> Poll<Result<OpInfo>> {
+    let watch = &mut st.watch;
+    let me = TaskId::of(cx.waker());
+    let mine = watch.task == Some(me);
+    let mut kick = waiter.take_kick_due();
+    if !mine && watch.active() {
+        // A sleeper of another task: the completion task watches from now on.
+        watch.end(shared);
+        kick = true;
+    } else if !mine && watch.sinks == 0 && shared.sleepers.count() == 1 {
+        // Nobody else sleeps: this task watches.
+        watch.task = Some(me);
+        watch.sleepers = 0;
+        shared.watched.store(true, Ordering::Release);
+    }
+    if !st.watch.active() {
+        if kick || st.watch.task_needed() {
+            shared.notify.notify_one();
+        }
+        return st.core.poll_result(wr_id, Some(cx));
+    }
+    let watch = &mut st.watch;
+    if waiter.watch != Some(watch.epoch) {
+        waiter.watch = Some(watch.epoch);
+        watch.sleepers += 1;
+    }
+    // A drain below that completes this very request must not wake its task (it is being
+    // polled): the waker an earlier poll left in the table goes, and is registered again
+    // only if this poll ends pending.
+    st.core.clear_waker(wr_id);
+    loop {
+        match shared.arm() {
+            // A completion that came before the arm raises no event.
+            Ok(true) => {
+                if let Poll::Ready(out) = drain_for(shared, st, wr_id, wake) {
+                    return Poll::Ready(out);
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(error = %e, "arming the completion queue failed; the completion task watches");
+                return hand_over(shared, st, waiter, wr_id, cx);
+            }
+        }
+        let guard = match shared.events.poll_read_ready(cx) {
+            Poll::Pending => {
+                st.watch.holder = Holder::Future;
+                return st.core.poll_result(wr_id, Some(cx));
+            }
+            Poll::Ready(Ok(guard)) => guard,
+            Poll::Ready(Err(e)) => {
+                warn!(error = %e, "completion channel readiness failed; the completion task watches");
+                return hand_over(shared, st, waiter, wr_id, cx);
+            }
+        };
+        shared.take_event(guard);
+        if shared.mode == super::CompletionMode::Event && !shared.spinners.any() {
+            // Re-arm before draining, as the completion task does.
+            shared.rearm();
+        }
+        if let Poll::Ready(out) = drain_for(shared, st, wr_id, wake) {
+            return Poll::Ready(out);
+        }
+    }
+}
+
+/// Polls the CQ until empty (one batch short of full), then looks at `wr_id`'s outcome.
+fn drain_for(
+    shared: &Shared,
+    st: &mut State,
+    wr_id: u64,
+    wake: &mut Deferred,
+) -> Poll<Result<OpInfo>> {
+    while shared.poll_cq(st, wake) == st.batch.capacity() {}
+    st.core.poll_result(wr_id, None)
+}
+
+/// Watching failed: the watch ends and the completion task takes over (the waker stays in the
+/// table).
+fn hand_over(
+    shared: &Shared,
+    st: &mut State,
+    waiter: &mut Waiter,
+    wr_id: u64,
+    cx: &mut Context<'_>,
+) -> Poll<Result<OpInfo>> {
+    let _ = st.watch.leave(waiter, shared);
+    st.watch.end(shared);
+    st.watch.holder = Holder::Future;
+    shared.notify.notify_one();
+    st.core.poll_result(wr_id, Some(cx))
+}
