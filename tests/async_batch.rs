@@ -338,6 +338,14 @@ async fn a_dropped_or_forgotten_submission_gives_its_requests_up_safely() {
     let remote = token(&target);
     let waker = std::task::Waker::noop();
     let mut cx = Context::from_waker(waker);
+    // A receive of this task sleeps first and watches the completion channel
+    // (`driver::watch`), so the submissions polled below with another waker (as if from a
+    // task of their own) sleep without draining the CQ: their first poll leaves them in
+    // flight. A lone sleeper arms the CQ and drains it once, and could find every write done.
+    let mut recv =
+        p.b.recv(RegisteredBuffer::new(&p.pd, 8, AccessFlags::LOCAL_WRITE).unwrap());
+    recv.start();
+    assert!(futures::poll!(&mut recv).is_pending(), "nothing was sent");
     // Dropped after the first poll, which posts (event mode: it sleeps, it does not spin).
     {
         let mut sub = pin!(writes(&p, remote, 0).submit());
@@ -366,6 +374,7 @@ async fn a_dropped_or_forgotten_submission_gives_its_requests_up_safely() {
         }
     })
     .await;
+    drop(recv);
 }
 
 /// An empty batch posts nothing and resolves at its first poll.

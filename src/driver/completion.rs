@@ -12,7 +12,6 @@
 //! events are acknowledged in batches.
 
 use std::future::Future;
-use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,6 +19,8 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
+
+use super::channel_fd::ChannelFd;
 use tokio::time::Sleep;
 use tracing::{debug, error, trace};
 
@@ -27,9 +28,7 @@ use super::deferred::Deferred;
 use super::latency::WaitKind;
 use super::options::CompletionMode;
 use super::shared::Shared;
-use super::state::{LAST_WQE_WAIT, QpEntry};
-use super::watch::Holder;
-use crate::verbs::CompletionChannel;
+use super::state::{Holder, LAST_WQE_WAIT, QpEntry};
 
 /// While futures spin, how often the task checks that they still poll (see `run`).
 const STALE_SPIN_CHECK: Duration = Duration::from_millis(2);
@@ -40,24 +39,6 @@ const CLOSING_CHECK: Duration = Duration::from_millis(50);
 /// Busy mode: how many rounds in a row that find nothing the completion task polls the CQ
 /// itself (yielding between them) while no future spins, before it arms the CQ and sleeps.
 const TASK_SPIN_ROUNDS: u32 = 64;
-
-/// Keeps the completion channel (and so its descriptor) open while registered with the
-/// reactor (the completion task's, and an [`OwnedQp`](crate::owned::OwnedQp)'s waits).
-pub(crate) struct ChannelFd(pub(crate) CompletionChannel);
-
-impl std::fmt::Debug for ChannelFd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("ChannelFd")
-            .field(&self.0.as_raw_fd())
-            .finish()
-    }
-}
-
-impl AsRawFd for ChannelFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
 
 pub(crate) async fn run(shared: Arc<Shared>) {
     let afd = &shared.events;

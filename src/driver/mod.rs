@@ -21,6 +21,7 @@
 //! ```
 
 mod batch;
+mod channel_fd;
 mod completion;
 mod counters;
 mod deferred;
@@ -46,7 +47,7 @@ use tracing::debug;
 
 pub use batch::MAX_BATCH;
 pub(crate) use batch::RawBatch;
-pub(crate) use completion::ChannelFd;
+pub(crate) use channel_fd::ChannelFd;
 pub(crate) use deferred::{Deferred, Sink};
 pub(crate) use latency::WaitKind;
 pub(crate) use offload::off_runtime;
@@ -186,7 +187,7 @@ impl Driver {
         if st.srq_sink.replace(sink).is_none() {
             // As a connection's sink (`AsyncQp::set_sink`): the completion task watches.
             st.watch.sinks += 1;
-            st.watch.end(shared);
+            st.watch.end(&shared.watched);
         }
         drop(st);
         shared.notify.notify_one();

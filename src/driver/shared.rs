@@ -16,7 +16,7 @@ use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
-use super::completion::ChannelFd;
+use super::channel_fd::ChannelFd;
 use super::counters::{Counters, add_held};
 use super::deferred::{Deferred, Payload, Sink};
 use super::kick::TaskKick;
@@ -26,8 +26,7 @@ use super::options::CompletionMode;
 use super::post;
 use super::sink::{SINK_BIT, sink_key};
 use super::spinners::Spinners;
-use super::state::{QpEntry, State};
-use super::watch::Watch;
+use super::state::{QpEntry, State, Watch};
 use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, QpKey};
 use crate::verbs::{CompletionQueue, WcBatch};
@@ -53,7 +52,7 @@ pub(crate) struct Shared {
     pub(crate) events: AsyncFd<ChannelFd>,
     /// The CQ is armed: its next completion raises an event ([`arm`](Self::arm)).
     pub(crate) armed: AtomicBool,
-    /// A watch task watches the channel ([`Watch::active`](super::watch::Watch::active),
+    /// A watch task watches the channel ([`Watch::active`](super::state::Watch::active),
     /// mirrored for the completion task's lock-free look).
     pub(crate) watched: AtomicBool,
     pub(crate) mode: CompletionMode,

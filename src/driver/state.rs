@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use tracing::warn;
 
 use super::deferred::{Deferred, Payload, Sink};
-use super::watch::Watch;
 use crate::error::QpFailure;
 use crate::proto::{Completed, Core, Cqe, PostItem, QpKey};
 use crate::verbs::{QueuePair, WcBatch};
@@ -55,7 +56,7 @@ pub(crate) struct State {
     /// Reused by [`Shared::poll_cq`](super::shared::Shared::poll_cq): a run of successful
     /// completions of one sink's queue pair, handed to it together.
     pub(crate) run: Vec<(u32, Cqe)>,
-    /// Who watches the completion channel ([`watch`](super::watch)).
+    /// Who watches the completion channel (see `driver::watch`).
     pub(crate) watch: Watch,
 }
 
@@ -141,5 +142,124 @@ impl State {
             }
         }
         timeouts
+    }
+}
+
+/// The identity of the waker a task's futures are polled with (its data and vtable
+/// addresses, compared, never followed): [`Waker::will_wake`] of the waker as passed, not of a
+/// clone, whose vtable may differ (Tokio polls with a borrowed waker whose clone is an owned
+/// one: the same task, another vtable, so a clone never "will wake" the next poll's waker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TaskId(usize, usize);
+
+impl TaskId {
+    pub(crate) fn of(waker: &Waker) -> TaskId {
+        TaskId(
+            waker.data() as usize,
+            std::ptr::from_ref(waker.vtable()) as usize,
+        )
+    }
+}
+
+/// Who registered last at the channel descriptor's reader slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// The completion task: it processes the readiness.
+    Task,
+    /// A watch task's future (maybe one that resolved since): the completion task must be
+    /// woken to register again before it is relied on.
+    Future,
+}
+
+/// The watch, under the driver's lock.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    /// The watch task: every sleeping future is in it. `None`: the completion task watches.
+    task: Option<TaskId>,
+    /// Its sleeping futures (those whose `Waiter::watch` is this watch's `epoch`).
+    sleepers: usize,
+    /// Counts the watches: a waiter of an ended one is not counted in a later one.
+    epoch: u64,
+    pub(crate) holder: Holder,
+    /// Queue pairs with a sink (connections) and the shared receive queue's: while there are
+    /// any, nobody but the completion task watches.
+    pub(crate) sinks: usize,
+}
+
+impl Default for Watch {
+    fn default() -> Watch {
+        Watch {
+            task: None,
+            sleepers: 0,
+            epoch: 0,
+            holder: Holder::Task,
+            sinks: 0,
+        }
+    }
+}
+
+impl Watch {
+    /// Whether a watch task watches (the completion task then leaves the descriptor to it).
+    #[inline]
+    pub(crate) fn active(&self) -> bool {
+        self.task.is_some()
+    }
+
+    /// Ends the watch (its futures sleep on as plain sleepers, woken through the table); the
+    /// caller wakes the completion task.
+    pub(crate) fn end(&mut self, watched: &AtomicBool) {
+        if self.task.take().is_some() {
+            self.sleepers = 0;
+            self.epoch = self.epoch.wrapping_add(1);
+            watched.store(false, Ordering::Release);
+        }
+    }
+
+    /// Whether the completion task must be woken so that it registers at the descriptor.
+    #[inline]
+    pub(crate) fn task_needed(&self) -> bool {
+        self.holder != Holder::Task
+    }
+
+    /// A sleeper counted in the watch of epoch `joined` (taken) resolved or is dropped: it
+    /// stops counting in it (the last one ends it). Returns whether it ended the watch.
+    #[inline]
+    pub(crate) fn leave(&mut self, joined: &mut Option<u64>, watched: &AtomicBool) -> bool {
+        if let Some(epoch) = joined.take() {
+            if epoch == self.epoch && self.task.is_some() {
+                self.sleepers -= 1;
+                if self.sleepers == 0 {
+                    self.end(watched);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether task `me` is the watch task.
+    #[inline]
+    pub(crate) fn is(&self, me: TaskId) -> bool {
+        self.task == Some(me)
+    }
+
+    /// Task `me` becomes the watch task (none was).
+    pub(crate) fn begin(&mut self, me: TaskId, watched: &AtomicBool) {
+        debug_assert!(self.task.is_none());
+        self.task = Some(me);
+        self.sleepers = 0;
+        watched.store(true, Ordering::Release);
+    }
+
+    /// A sleeper of the watch task that was not counted yet (`joined` is not this watch's
+    /// epoch) counts in it now; returns how many it has, this one included.
+    #[inline]
+    pub(crate) fn join(&mut self, joined: &mut Option<u64>) -> Option<usize> {
+        if *joined == Some(self.epoch) {
+            return None;
+        }
+        *joined = Some(self.epoch);
+        self.sleepers += 1;
+        Some(self.sleepers)
     }
 }

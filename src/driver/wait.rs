@@ -44,7 +44,7 @@ pub(crate) struct Waiter {
     sleeping: bool,
     /// Polls of this wait so far (see [`in_place_polls`](Self::in_place_polls)).
     rounds: u8,
-    /// Counted among the sleepers of the watch of this epoch ([`Watch`](super::watch::Watch)).
+    /// Counted among the sleepers of the watch of this epoch ([`Watch`](super::state::Watch)).
     pub(crate) watch: Option<u64>,
     /// It went to sleep as the first sleeper: the completion task is to be woken, unless
     /// this future watches the channel itself ([`kick_if_due`](Self::kick_if_due)).

@@ -15,13 +15,13 @@
 //! while there is one (one task's futures are polled together when it is woken), so no
 //! future's wake-up depends on another task being polled:
 //!
-//! * a future of another task going to sleep ends the watch ([`Watch::end`]): it registers
+//! * a future of another task going to sleep ends the watch ([`Watch::end`](super::state::Watch::end)): it registers
 //!   its waker in the table as every sleeper does, and wakes the completion task, which
 //!   registers at the descriptor (the watch task's futures stop looking at it, under the same
 //!   lock, so they do not take the reader slot back);
 //! * the watch ends by itself when its last sleeper resolves or is dropped;
 //! * the reader slot holds one waker (the last registered). Everyone registers there under the
-//!   driver's lock and records it ([`Watch::holder`]); whoever finds the slot not the
+//!   driver's lock and records it ([`Watch::holder`](super::state::Watch::holder)); whoever finds the slot not the
 //!   completion task's when the task is needed (a sleeper that cannot watch, an operation
 //!   dropped in flight, a connection's sink set) wakes the task, which registers again.
 //!
@@ -30,110 +30,16 @@
 //! [`Shared::armed`](super::shared::Shared::armed)), so two that race read it once between
 //! them; each clears the readiness it saw (not a newer one).
 
-use std::sync::atomic::Ordering;
-use std::task::{Context, Poll, Waker};
-
-/// The identity of the waker a task's futures are polled with (its data and vtable
-/// addresses, compared, never followed): [`Waker::will_wake`] of the waker as passed, not of a
-/// clone, whose vtable may differ (Tokio polls with a borrowed waker whose clone is an owned
-/// one: the same task, another vtable, so a clone never "will wake" the next poll's waker).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct TaskId(usize, usize);
-
-impl TaskId {
-    fn of(waker: &Waker) -> TaskId {
-        TaskId(
-            waker.data() as usize,
-            std::ptr::from_ref(waker.vtable()) as usize,
-        )
-    }
-}
+use std::task::{Context, Poll};
 
 use tracing::warn;
 
 use super::deferred::Deferred;
 use super::shared::Shared;
-use super::state::State;
+use super::state::{Holder, State, TaskId};
 use super::wait::Waiter;
 use crate::error::Result;
 use crate::proto::OpInfo;
-
-/// Who registered last at the channel descriptor's reader slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Holder {
-    /// The completion task: it processes the readiness.
-    Task,
-    /// A watch task's future (maybe one that resolved since): the completion task must be
-    /// woken to register again before it is relied on.
-    Future,
-}
-
-/// The watch, under the driver's lock.
-#[derive(Debug)]
-pub(crate) struct Watch {
-    /// The watch task: every sleeping future is in it. `None`: the completion task watches.
-    task: Option<TaskId>,
-    /// Its sleeping futures (those whose [`Waiter::watch`] is this watch's `epoch`).
-    sleepers: usize,
-    /// Counts the watches: a waiter of an ended one is not counted in a later one.
-    epoch: u64,
-    pub(crate) holder: Holder,
-    /// Queue pairs with a sink (connections) and the shared receive queue's: while there are
-    /// any, nobody but the completion task watches.
-    pub(crate) sinks: usize,
-}
-
-impl Default for Watch {
-    fn default() -> Watch {
-        Watch {
-            task: None,
-            sleepers: 0,
-            epoch: 0,
-            holder: Holder::Task,
-            sinks: 0,
-        }
-    }
-}
-
-impl Watch {
-    /// Whether a watch task watches (the completion task then leaves the descriptor to it).
-    #[inline]
-    pub(crate) fn active(&self) -> bool {
-        self.task.is_some()
-    }
-
-    /// Ends the watch (its futures sleep on as plain sleepers, woken through the table); the
-    /// caller wakes the completion task.
-    pub(crate) fn end(&mut self, shared: &Shared) {
-        if self.task.take().is_some() {
-            self.sleepers = 0;
-            self.epoch = self.epoch.wrapping_add(1);
-            shared.watched.store(false, Ordering::Release);
-        }
-    }
-
-    /// Whether the completion task must be woken so that it registers at the descriptor.
-    #[inline]
-    pub(crate) fn task_needed(&self) -> bool {
-        self.holder != Holder::Task
-    }
-
-    /// `waiter` resolved or is dropped: it stops counting in the watch (the last one ends it).
-    /// Returns whether it ended the watch.
-    #[inline]
-    fn leave(&mut self, waiter: &mut Waiter, shared: &Shared) -> bool {
-        if let Some(epoch) = waiter.watch.take() {
-            if epoch == self.epoch && self.task.is_some() {
-                self.sleepers -= 1;
-                if self.sleepers == 0 {
-                    self.end(shared);
-                    return true;
-                }
-            }
-        }
-        false
-    }
-}
 
 /// `waiter` resolved or is dropped (under the driver's lock): it leaves the watch. The last
 /// one to leave wakes the completion task if the table still holds operations (a started one
@@ -143,7 +49,7 @@ impl Watch {
 #[inline]
 pub(crate) fn leave(st: &mut State, waiter: &mut Waiter, shared: &Shared) {
     if waiter.watch.is_some()
-        && st.watch.leave(waiter, shared)
+        && st.watch.leave(&mut waiter.watch, &shared.watched)
         && st.watch.task_needed()
         && st.core.ops_in_table() > 0
     {
@@ -163,19 +69,16 @@ pub(super) fn sleep(
     cx: &mut Context<'_>,
     wake: &mut Deferred,
 ) -> Poll<Result<OpInfo>> {
-    let watch = &mut st.watch;
     let me = TaskId::of(cx.waker());
-    let mine = watch.task == Some(me);
+    let mine = st.watch.is(me);
     let mut kick = waiter.take_kick_due();
-    if !mine && watch.active() {
+    if !mine && st.watch.active() {
         // A sleeper of another task: the completion task watches from now on.
-        watch.end(shared);
+        st.watch.end(&shared.watched);
         kick = true;
-    } else if !mine && watch.sinks == 0 && shared.sleepers.count() == 1 {
+    } else if !mine && st.watch.sinks == 0 && shared.sleepers.count() == 1 {
         // Nobody else sleeps: this task watches.
-        watch.task = Some(me);
-        watch.sleepers = 0;
-        shared.watched.store(true, Ordering::Release);
+        st.watch.begin(me, &shared.watched);
     }
     if !st.watch.active() {
         if kick || st.watch.task_needed() {
@@ -183,10 +86,13 @@ pub(super) fn sleep(
         }
         return st.core.poll_result(wr_id, Some(cx));
     }
-    let watch = &mut st.watch;
-    if waiter.watch != Some(watch.epoch) {
-        waiter.watch = Some(watch.epoch);
-        watch.sleepers += 1;
+    if st.watch.join(&mut waiter.watch).is_some_and(|n| n > 1) {
+        // Joining a sibling that sleeps in this task (`join!(send, recv)`): the sibling's
+        // last poll armed the CQ and registered this task at the descriptor (or read an
+        // event since, which woke this task). Either the slot wakes this task, or it is
+        // being woken, and every sleeper of it looks at the descriptor at its next poll:
+        // nothing to arm or register now (one readiness poll per round trip fewer).
+        return st.core.poll_result(wr_id, Some(cx));
     }
     // A drain below that completes this very request must not wake its task (it is being
     // polled): the waker an earlier poll left in the table goes, and is registered again
@@ -218,7 +124,7 @@ pub(super) fn sleep(
             }
         };
         shared.take_event(guard);
-        if shared.mode == super::CompletionMode::Event && !shared.spinners.any() {
+        if shared.mode == super::options::CompletionMode::Event && !shared.spinners.any() {
             // Re-arm before draining, as the completion task does.
             shared.rearm();
         }
@@ -248,8 +154,8 @@ fn hand_over(
     wr_id: u64,
     cx: &mut Context<'_>,
 ) -> Poll<Result<OpInfo>> {
-    let _ = st.watch.leave(waiter, shared);
-    st.watch.end(shared);
+    let _ = st.watch.leave(&mut waiter.watch, &shared.watched);
+    st.watch.end(&shared.watched);
     st.watch.holder = Holder::Future;
     shared.notify.notify_one();
     st.core.poll_result(wr_id, Some(cx))
