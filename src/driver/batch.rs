@@ -294,9 +294,12 @@ impl<B: Send + 'static> RawBatch<B> {
             parked |= buf.is_none();
             kept.extend(buf);
         }
-        if parked && st.watch.task_needed() {
+        if parked {
             // As a dropped operation's (`RawOp`): the completion task watches for them.
-            shared.notify.notify_one();
+            st.watch.end(&shared.watched);
+            if st.watch.task_needed() {
+                shared.notify.notify_one();
+            }
         }
         drop(st);
         drop(kept);

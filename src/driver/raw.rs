@@ -402,10 +402,13 @@ impl<B: Send + 'static> Drop for RawOp<B> {
         st.core.cancel_with(wr_id, || {
             Box::new(buf.take().expect("parked once")) as Payload
         });
-        if buf.is_none() && st.watch.task_needed() {
-            // Parked until its completion: the completion task must watch for it (a future
-            // that watched may be gone).
-            shared.notify.notify_one();
+        if buf.is_none() {
+            // Parked until its completion, which nobody awaits: the completion task watches
+            // for it (a watch task may not poll its sleepers for a while).
+            st.watch.end(&shared.watched);
+            if st.watch.task_needed() {
+                shared.notify.notify_one();
+            }
         }
         drop(st);
         // Not parked (never posted, or already complete): dropped with the future, outside the

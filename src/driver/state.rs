@@ -252,14 +252,12 @@ impl Watch {
     }
 
     /// A sleeper of the watch task that was not counted yet (`joined` is not this watch's
-    /// epoch) counts in it now; returns how many it has, this one included.
+    /// epoch) counts in it now.
     #[inline]
-    pub(crate) fn join(&mut self, joined: &mut Option<u64>) -> Option<usize> {
-        if *joined == Some(self.epoch) {
-            return None;
+    pub(crate) fn join(&mut self, joined: &mut Option<u64>) {
+        if *joined != Some(self.epoch) {
+            *joined = Some(self.epoch);
+            self.sleepers += 1;
         }
-        *joined = Some(self.epoch);
-        self.sleepers += 1;
-        Some(self.sleepers)
     }
 }

@@ -10,20 +10,30 @@
 //! drains the CQ itself, as [`OwnedQp`](crate::owned::OwnedQp)'s waits do.
 //!
 //! The invariant: **while some future sleeps, someone processes the channel's readiness when
-//! it comes**, either the completion task or the one *watch task*, all of whose futures that
-//! sleep look at the descriptor whenever they are polled. Every sleeper is in the watch task
-//! while there is one (one task's futures are polled together when it is woken), so no
-//! future's wake-up depends on another task being polled:
+//! it comes**, either the completion task or the one *watch task*. While there is a watch
+//! task, every sleeper is one of its futures, and each of them, whenever it is polled, looks
+//! at the descriptor: it reads a pending event (then re-arms and drains), or registers the
+//! task at the reader slot. So after any poll of the task that leaves a sleeper pending, the
+//! slot wakes the task, and whichever sleeper the task polls next learns of the event. A
+//! sleeper the task does not poll (a receive polled once with `poll!` and kept) waits for
+//! nothing meanwhile; the event stays pending until one is polled. No future's wake-up
+//! depends on another task being polled:
 //!
-//! * a future of another task going to sleep ends the watch ([`Watch::end`](super::state::Watch::end)): it registers
-//!   its waker in the table as every sleeper does, and wakes the completion task, which
-//!   registers at the descriptor (the watch task's futures stop looking at it, under the same
-//!   lock, so they do not take the reader slot back);
-//! * the watch ends by itself when its last sleeper resolves or is dropped;
+//! * a future of another task going to sleep ends the watch
+//!   ([`Watch::end`](super::state::Watch::end)): it registers its waker in the table as
+//!   every sleeper does, and wakes the completion task, which registers at the descriptor
+//!   (the watch task's futures stop looking at it, under the same lock, so they do not take
+//!   the reader slot back);
+//! * the watch ends by itself when its last sleeper resolves or is dropped; if the table
+//!   still holds operations then (started and not awaited, or dropped in flight with their
+//!   buffers parked), the completion task is woken to watch for them;
 //! * the reader slot holds one waker (the last registered). Everyone registers there under the
-//!   driver's lock and records it ([`Watch::holder`](super::state::Watch::holder)); whoever finds the slot not the
-//!   completion task's when the task is needed (a sleeper that cannot watch, an operation
-//!   dropped in flight, a connection's sink set) wakes the task, which registers again.
+//!   driver's lock and records it ([`Watch::holder`](super::state::Watch::holder)); whoever
+//!   finds the slot not the completion task's when the task is needed (a sleeper that cannot
+//!   watch, an operation dropped in flight, a connection's sink set) wakes the task, which
+//!   registers again; an operation dropped in flight, and a sink set, also end the watch (the
+//!   watch task may not poll its sleepers for a while, and those completions are to be
+//!   applied although nobody waits).
 //!
 //! Any party holding a readiness reads the event without blocking (at most one is pending:
 //! the CQ is armed again only after the event of its last arm was read,
@@ -86,14 +96,13 @@ pub(super) fn sleep(
         }
         return st.core.poll_result(wr_id, Some(cx));
     }
-    if st.watch.join(&mut waiter.watch).is_some_and(|n| n > 1) {
-        // Joining a sibling that sleeps in this task (`join!(send, recv)`): the sibling's
-        // last poll armed the CQ and registered this task at the descriptor (or read an
-        // event since, which woke this task). Either the slot wakes this task, or it is
-        // being woken, and every sleeper of it looks at the descriptor at its next poll:
-        // nothing to arm or register now (one readiness poll per round trip fewer).
-        return st.core.poll_result(wr_id, Some(cx));
-    }
+    // Counted in the watch from now on. No shortcut for a second sleeper of the task (a
+    // sibling registered the task at the descriptor already): the sibling may never be polled
+    // again (a receive polled once with `poll!` and kept), and a readiness that woke the task
+    // and was read since has emptied the slot. Tried: a sender beside such a receive waited
+    // for its timeout (tests/async_ops.rs `start_posts_without_polling_or_spinning`, 60 s per
+    // send in event mode).
+    st.watch.join(&mut waiter.watch);
     // A drain below that completes this very request must not wake its task (it is being
     // polled): the waker an earlier poll left in the table goes, and is registered again
     // only if this poll ends pending.
