@@ -1,8 +1,9 @@
 //! The completion task: completions nobody is polling for.
 //!
 //! One task per completion queue. Futures poll the CQ themselves while they wait (see
-//! `wait.rs`); the task handles what they do not: completions of dropped operations, of
-//! sleeping futures, and of connection receives that arrive while no one is receiving.
+//! `wait.rs`), and a lone task's sleeping futures watch its channel themselves (`watch.rs`);
+//! the task handles what they do not: completions of dropped operations, of sleeping futures
+//! of several tasks, and of connection receives that arrive while no one is receiving.
 //!
 //! While some future spins, the task leaves the CQ unarmed and waits until the last one stops.
 //! Then, in busy mode, it polls the CQ itself (yielding between polls) while anything is

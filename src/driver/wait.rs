@@ -3,7 +3,8 @@
 //!
 //! * [`CompletionMode::BusyPoll`]: spin until done (yielding to the runtime between polls).
 //! * [`CompletionMode::Event`]: sleep at once; the completion task arms the CQ and wakes the
-//!   future from the completion event.
+//!   future from the completion event, or, when only one task's futures sleep, they arm it
+//!   and wait on the event themselves (`watch.rs`).
 //! * [`CompletionMode::Adaptive`] (hybrid polling, as Linux blk-mq does for fast devices): the
 //!   driver keeps a moving average of how long operations take to complete, separately for
 //!   the send queue (bounded by the network) and for receives (bounded by the peer). A future
