@@ -108,11 +108,11 @@ impl Driver {
         let channel = CompletionChannel::new(ctx)?;
         let cq = CompletionQueue::new(ctx, opts.cq_size, Some(&channel))?;
         cq.set_driven();
+        let fd = ChannelFd(channel);
         // SAFETY: `ChannelFd` owns a handle of the channel, so the descriptor stays open and
         // the same for the whole life of the AsyncFd.
-        let events =
-            unsafe { AsyncFd::register_with_interest(ChannelFd(channel), Interest::READABLE) }
-                .map_err(|e| Error::CreateCompChannel(e.into()))?;
+        let registered = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) };
+        let events = registered.map_err(|e| Error::CreateCompChannel(e.into()))?;
         let one_thread = tokio::runtime::Handle::current().runtime_flavor()
             == tokio::runtime::RuntimeFlavor::CurrentThread;
         let shared = Arc::new(Shared::new(

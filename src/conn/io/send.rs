@@ -83,11 +83,11 @@ impl ConnIo {
             s.sent_bytes.inline += len as u64;
             seq = (seq + 1) & !SEND_BIT;
         }
-        // SAFETY: every entry with a payload is inline (at most `max_inline` bytes, the limit
-        // `post_chunk`'s inline sends use): the device copies it during the call, and `msgs`,
-        // borrowed for all of it, outlives it; no memory is named after the call returns. The
-        // queue pair is driven, and these `wr_id`s are this connection's own (sink bit and
-        // its key, `wr_base`): their completions come back to this sink, as `post_chunk`'s.
+        // Every entry with a payload is inline (at most `max_inline` bytes, the limit
+        // `post_chunk`'s inline sends use), and these `wr_id`s are this connection's own (sink
+        // bit and its key, `wr_base`): their completions come back to this sink.
+        // SAFETY: the device copies the inline bytes during the call, and `msgs`, borrowed for
+        // all of it, outlives it; no memory is named after it returns; the queue pair is driven.
         let posted = unsafe { self.qp.post_send(&wrs[..n]) };
         // Remembered whatever the post says: a request the device took before a failure
         // completes (flushed) against its entry. Inline entries hold no memory.
