@@ -296,10 +296,7 @@ impl<B: Send + 'static> RawBatch<B> {
         }
         if parked {
             // As a dropped operation's (`RawOp`): the completion task watches for them.
-            st.watch.end(&shared.watched);
-            if st.watch.task_needed() {
-                shared.notify.notify_one();
-            }
+            super::watch::hand_to_task(&mut st, shared);
         }
         drop(st);
         drop(kept);

@@ -187,10 +187,9 @@ impl Driver {
         if st.srq_sink.replace(sink).is_none() {
             // As a connection's sink (`AsyncQp::set_sink`): the completion task watches.
             st.watch.sinks += 1;
-            st.watch.end(&shared.watched);
+            watch::hand_to_task(&mut st, shared);
         }
         drop(st);
-        shared.notify.notify_one();
         shared.srq_limit.clone()
     }
 

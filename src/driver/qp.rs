@@ -161,9 +161,7 @@ impl AsyncQp {
             // Its completions are to be applied while nobody waits: the completion task
             // watches the channel from now on (`watch`).
             st.watch.sinks += 1;
-            st.watch.end(&shared.watched);
-            drop(st);
-            shared.notify.notify_one();
+            super::watch::hand_to_task(&mut st, shared);
         }
     }
 

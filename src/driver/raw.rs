@@ -405,10 +405,7 @@ impl<B: Send + 'static> Drop for RawOp<B> {
         if buf.is_none() {
             // Parked until its completion, which nobody awaits: the completion task watches
             // for it (a watch task may not poll its sleepers for a while).
-            st.watch.end(&shared.watched);
-            if st.watch.task_needed() {
-                shared.notify.notify_one();
-            }
+            super::watch::hand_to_task(&mut st, shared);
         }
         drop(st);
         // Not parked (never posted, or already complete): dropped with the future, outside the

@@ -154,6 +154,16 @@ fn drain_for(
     st.core.poll_result(wr_id, None)
 }
 
+/// The completion task watches from now on (an operation dropped in flight parked its
+/// buffers, or a sink was set: completions to apply although nobody waits): the watch ends,
+/// and the task is woken if the reader slot is not its own.
+pub(crate) fn hand_to_task(st: &mut State, shared: &Shared) {
+    st.watch.end(&shared.watched);
+    if st.watch.task_needed() {
+        shared.notify.notify_one();
+    }
+}
+
 /// Watching failed: the watch ends and the completion task takes over (the waker stays in the
 /// table).
 fn hand_over(
