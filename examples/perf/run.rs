@@ -341,10 +341,14 @@ async fn bw_loop(
         }
     };
     let mut left = vec![iters; cfg.qps];
-    // In flight, oldest first: queue pair, start time, the operation, and its outcome if a
-    // look while starting found it complete already.
-    let mut ring: VecDeque<(usize, Option<Instant>, BwOp, Option<BwOut>)> =
-        VecDeque::with_capacity(cfg.depth * cfg.qps);
+    // The operations in flight stay where they were started: one slot each (queue pair,
+    // start time, the operation, and its outcome if a look while starting found it complete
+    // already), and a ring of slot numbers, oldest first. Nothing moves an operation's future
+    // once it is in its slot (a future is a few hundred bytes: a ring of futures copied each
+    // one in and out, as perftest's loop copies nothing).
+    let mut slots: Vec<BwSlot> = (0..cfg.depth * cfg.qps).map(|_| BwSlot::default()).collect();
+    let mut free: Vec<usize> = (0..slots.len()).rev().collect();
+    let mut ring: VecDeque<usize> = VecDeque::with_capacity(slots.len());
     // Reused: the buffers of the operations completed in one look, to start again.
     let mut done: Vec<(usize, Chunk)> = Vec::with_capacity(cfg.depth * cfg.qps);
     let mut flushed = vec![false; cfg.qps];
@@ -360,53 +364,72 @@ async fn bw_loop(
         // together by one more poll of the newest of each queue pair.
         let fresh = ring.len();
         for (q, c) in done.drain(..) {
-            let mut op = start(q, c);
-            let out = match futures::poll!(&mut op) {
+            let i = free.pop().expect("a slot per operation in flight");
+            let slot = &mut slots[i];
+            slot.q = q;
+            slot.t = cfg.op_latency.then(Instant::now);
+            let op = slot.op.insert(start(q, c));
+            slot.out = match futures::poll!(op) {
                 Poll::Ready(out) => Some(out),
                 Poll::Pending => None,
             };
-            ring.push_back((q, cfg.op_latency.then(Instant::now), op, out));
+            ring.push_back(i);
         }
         flushed.fill(false);
-        for (q, _, op, out) in ring.iter_mut().skip(fresh).rev() {
-            if out.is_none() && !std::mem::replace(&mut flushed[*q], true) {
-                if let Poll::Ready(o) = futures::poll!(&mut *op) {
-                    *out = Some(o);
+        for &i in ring.iter().skip(fresh).rev() {
+            let slot = &mut slots[i];
+            if slot.out.is_none() && !std::mem::replace(&mut flushed[slot.q], true) {
+                if let Poll::Ready(o) = futures::poll!(slot.op.as_mut().expect("in flight")) {
+                    slot.out = Some(o);
                 }
             }
         }
         // The oldest, then every one behind it already complete.
-        let Some((q, t, mut op, out)) = ring.pop_front() else {
+        let Some(i) = ring.pop_front() else {
             break;
         };
-        let (res, c) = match out {
+        let out = match slots[i].out.take() {
             Some(o) => o,
-            None => (&mut op).await,
+            None => slots[i].op.as_mut().expect("in flight").await,
         };
-        let mut finish = |q: usize, t: Option<Instant>, (res, c): BwOut| -> Res<()> {
+        let mut finish = |slot: &mut BwSlot, (res, c): BwOut| -> Res<()> {
+            slot.op = None;
             res?;
-            if let Some(t) = t {
+            if let Some(t) = slot.t {
                 samples.push(us(t.elapsed()));
             }
-            if left[q] > 0 {
-                left[q] -= 1;
-                done.push((q, c));
+            if left[slot.q] > 0 {
+                left[slot.q] -= 1;
+                done.push((slot.q, c));
             }
             Ok(())
         };
-        finish(q, t, (res, c))?;
-        while let Some((_, _, op, out)) = ring.front_mut() {
-            if out.is_none() {
-                match futures::poll!(op) {
-                    Poll::Ready(o) => *out = Some(o),
+        finish(&mut slots[i], out)?;
+        free.push(i);
+        while let Some(&i) = ring.front() {
+            let slot = &mut slots[i];
+            let out = match slot.out.take() {
+                Some(o) => o,
+                None => match futures::poll!(slot.op.as_mut().expect("in flight")) {
+                    Poll::Ready(o) => o,
                     Poll::Pending => break,
-                }
-            }
-            let (q, t, _, out) = ring.pop_front().expect("looked at");
-            finish(q, t, out.expect("complete"))?;
+                },
+            };
+            ring.pop_front();
+            finish(slot, out)?;
+            free.push(i);
         }
     }
     Ok(())
+}
+
+/// Where one operation of [`bw_loop`] stays while in flight.
+#[derive(Default)]
+struct BwSlot {
+    q: usize,
+    t: Option<Instant>,
+    op: Option<BwOp>,
+    out: Option<BwOut>,
 }
 
 /// Server side of one size (after `run SIZE`): prepares, says `ready`, plays its part, waits

@@ -140,11 +140,15 @@ impl Deferred {
     /// Moves what `out` collected (wakers, released payloads) in here.
     #[inline]
     pub(crate) fn take_from(&mut self, out: &mut Completed<Payload>) {
-        // Each list only if it holds something (most calls move nothing).
-        if !out.wakers.is_empty() {
-            for w in out.wakers.drain(..) {
-                self.push(w);
-            }
+        // Only if a list holds something (most calls move nothing).
+        if !out.wakers.is_empty() || !out.released.is_empty() {
+            self.take_lists(out);
+        }
+    }
+
+    fn take_lists(&mut self, out: &mut Completed<Payload>) {
+        for w in out.wakers.drain(..) {
+            self.push(w);
         }
         if !out.released.is_empty() {
             self.touched = true;

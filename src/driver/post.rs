@@ -57,6 +57,7 @@ pub(crate) fn post(st: &mut State, counters: &Counters, qp: QpKey, wake: &mut De
 /// [`Core::submit_posted`](crate::proto::Core::submit_posted), straight from the future that
 /// holds it (the driver's fast path: one doorbell, nothing copied into the core or a list).
 /// A failed post fails the queue pair, as in [`post`].
+#[inline]
 pub(crate) fn post_one(
     st: &mut State,
     counters: &Counters,
@@ -70,10 +71,10 @@ pub(crate) fn post_one(
     let r = match req.queue {
         // SAFETY: the receive buffer stays with its future (or, once the future is dropped,
         // parked in the table) until the receive completes.
-        Queue::Recv => unsafe { handle.post_recv(&[RecvWr::new(wr_id, req.sges.as_slice())]) },
+        Queue::Recv => unsafe { handle.post_recv_one(&RecvWr::new(wr_id, req.sges.as_slice())) },
         // SAFETY: its SGEs name memory its operation's future (or the table, once the future
         // is dropped) keeps allocated, registered and untouched until its completion.
-        Queue::Send => unsafe { handle.post_send(&[send_wr(wr_id, req, signaled)]) },
+        Queue::Send => unsafe { handle.post_send_one(&send_wr(wr_id, req, signaled)) },
     };
     add_held(&counters.posted, 1, st);
     add_held(&counters.doorbells, 1, st);
@@ -138,6 +139,7 @@ fn not_posted(
 }
 
 /// The work request to post for `req`.
+#[inline]
 pub(crate) fn send_wr(wr_id: u64, req: &WorkRequest, signaled: bool) -> SendWr<'_> {
     SendWr {
         wr_id,

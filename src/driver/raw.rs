@@ -333,6 +333,7 @@ pub(super) fn wait_outcome<'s>(
 /// # Errors
 ///
 /// The queue pair failed (its cause) or is gone: nothing was submitted.
+#[inline]
 fn submit<'s>(
     cfg: &'s OpConfig,
     waiter: &mut Waiter,

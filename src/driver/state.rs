@@ -63,11 +63,16 @@ pub(crate) struct State {
 impl State {
     /// Has `wake` move newly failed queue pairs to the error state (so the device flushes
     /// them) once the lock is released.
+    #[inline]
     pub(crate) fn apply_failures(&mut self, wake: &mut Deferred) {
-        if self.out.failed.is_empty() {
-            // Every poll calls this; a failure is rare.
-            return;
+        // Every poll calls this; a failure is rare.
+        if !self.out.failed.is_empty() {
+            self.move_failed_to_error(wake);
         }
+    }
+
+    #[cold]
+    fn move_failed_to_error(&mut self, wake: &mut Deferred) {
         let mut failed = std::mem::take(&mut self.out.failed);
         for qp in failed.drain(..) {
             if let Some(e) = self.entry(qp) {
@@ -88,6 +93,7 @@ impl State {
 
     /// The entry of `key`, if that queue pair is still registered (not another one that took
     /// its index since).
+    #[inline]
     pub(crate) fn entry(&self, key: QpKey) -> Option<&QpEntry> {
         self.qps
             .get(key.index())

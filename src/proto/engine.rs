@@ -241,6 +241,7 @@ impl<P> Core<P> {
     /// # Errors
     ///
     /// As [`submit_unparked`](Self::submit_unparked).
+    #[inline]
     pub fn submit_posted(&mut self, qp: QpKey, queue: Queue) -> Result<Option<(u64, bool)>, Error> {
         // One look at the queue pair's slot (checks, room, accounting), beside the table.
         let Core { table, qps, gens } = self;
@@ -386,6 +387,7 @@ impl<P> Core<P> {
     /// # Panics
     ///
     /// If `wr_id` is not in the table.
+    #[inline]
     pub fn poll_result(
         &mut self,
         wr_id: u64,
@@ -525,22 +527,15 @@ impl<P> Core<P> {
     }
 
     /// Applies one work completion.
+    #[inline]
     pub fn complete(&mut self, cqe: &Cqe, out: &mut Completed<P>) {
-        let Some((qp, had_postable)) = self.retire_through(cqe, out) else {
+        let Some((qp, had_postable, settled)) = self.retire_through(cqe, out) else {
             return;
         };
-        if cqe.status == WcStatus::Success {
-            let info = OpInfo {
-                // A receive consumed by an RDMA WRITE with immediate: the completion's count is
-                // the write's, whose bytes went to the write's target, not into this buffer.
-                byte_len: if cqe.opcode == WcOpcode::RecvRdmaWithImm {
-                    0
-                } else {
-                    cqe.byte_len
-                },
-                imm: cqe.imm,
-            };
-            finish_ok(&mut self.table, cqe.wr_id, info, out);
+        if settled {
+            // Recorded by `retire_through` with its one look at the entry.
+        } else if cqe.status == WcStatus::Success {
+            finish_ok(&mut self.table, cqe.wr_id, ok_info(cqe), out);
         } else {
             let cause = if cqe.status == WcStatus::WrFlushErr {
                 QpFailure::Flushed
@@ -573,13 +568,16 @@ impl<P> Core<P> {
     /// live queue pair (else counts it unknown and returns `None`), and retires what its
     /// completion settles on its queue: on a send queue every request posted before it
     /// without its own completion (completions arrive in post order, so those succeeded).
-    /// Returns the queue pair and, if it has queued requests, whether they had room before.
+    /// Returns the queue pair, if it has queued requests whether they had room before, and
+    /// whether it recorded the outcome too: a success that retires only its own request (a
+    /// receive, or a send at the head of its ring) whose future still waits, the common case,
+    /// is settled with the same look at the entry.
     #[inline]
     fn retire_through(
         &mut self,
         cqe: &Cqe,
         out: &mut Completed<P>,
-    ) -> Option<(QpKey, Option<bool>)> {
+    ) -> Option<(QpKey, Option<bool>, bool)> {
         let Core { table, qps, gens } = self;
         let Some(entry) = table.get_mut(cqe.wr_id) else {
             out.unknown += 1;
@@ -600,6 +598,26 @@ impl<P> Core<P> {
         // Queued requests can only become postable if there are any (most often none).
         let queued = !slot.sq_pending.is_empty() || !slot.rq_pending.is_empty();
         let had_postable = queued.then(|| slot.has_postable());
+        let alone = match queue {
+            Queue::Send => slot.sq_ring.front() == Some(&cqe.wr_id),
+            Queue::Recv => true,
+        };
+        if alone
+            && cqe.status == WcStatus::Success
+            && matches!(entry.lifecycle, Lifecycle::Submitted)
+        {
+            match queue {
+                Queue::Send => {
+                    slot.sq_ring.pop_front();
+                }
+                Queue::Recv => slot.rq_posted = slot.rq_posted.saturating_sub(1),
+            }
+            entry.lifecycle = Lifecycle::Done(ok_info(cqe));
+            if let Some(w) = entry.waker.take() {
+                out.wakers.push(w);
+            }
+            return Some((qp, had_postable, true));
+        }
         match queue {
             Queue::Send => {
                 while let Some(id) = slot.sq_ring.pop_front() {
@@ -611,7 +629,7 @@ impl<P> Core<P> {
             }
             Queue::Recv => slot.rq_posted = slot.rq_posted.saturating_sub(1),
         }
-        Some((qp, had_postable))
+        Some((qp, had_postable, false))
     }
 
     /// Marks `qp` failed (keeping an earlier cause if there is one) and fails its queued
@@ -756,6 +774,21 @@ fn live_slot<'a>(qps: &'a mut [Option<QpSlot>], gens: &[u64], qp: QpKey) -> Opti
         return None;
     }
     qps.get_mut(i)?.as_mut()
+}
+
+/// What a successful completion reports.
+#[inline]
+fn ok_info(cqe: &Cqe) -> OpInfo {
+    OpInfo {
+        // A receive consumed by an RDMA WRITE with immediate: the completion's count is the
+        // write's, whose bytes went to the write's target, not into this buffer.
+        byte_len: if cqe.opcode == WcOpcode::RecvRdmaWithImm {
+            0
+        } else {
+            cqe.byte_len
+        },
+        imm: cqe.imm,
+    }
 }
 
 /// Records `outcome` for `wr_id` (or releases the payload of a cancelled one) and collects its

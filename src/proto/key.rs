@@ -55,6 +55,7 @@ impl QpKey {
     }
 
     /// The 31-bit packed form (index and the low bits of the generation), for `wr_id`s.
+    #[inline]
     pub(crate) fn to_bits(self) -> u32 {
         (self.0 as u32) & Self::SHORT_MASK
     }

@@ -56,6 +56,7 @@ pub(crate) struct OpTable<P> {
     len: usize,
 }
 
+#[inline]
 fn split(wr_id: u64) -> (u32, u32) {
     ((wr_id >> 32) as u32, wr_id as u32)
 }
@@ -74,6 +75,7 @@ impl<P> OpTable<P> {
     }
 
     /// Inserts an entry and returns its `wr_id`.
+    #[inline]
     pub(crate) fn insert(&mut self, entry: Entry<P>) -> u64 {
         self.len += 1;
         match self.free_head {
@@ -105,6 +107,7 @@ impl<P> OpTable<P> {
         }
     }
 
+    #[inline]
     pub(crate) fn get_mut(&mut self, wr_id: u64) -> Option<&mut Entry<P>> {
         let (generation, idx) = split(wr_id);
         match self.slots.get_mut(idx as usize) {
@@ -116,6 +119,7 @@ impl<P> OpTable<P> {
         }
     }
 
+    #[inline]
     pub(crate) fn get(&self, wr_id: u64) -> Option<&Entry<P>> {
         let (generation, idx) = split(wr_id);
         match self.slots.get(idx as usize) {

@@ -213,6 +213,7 @@ impl Cqe {
 }
 
 impl From<&crate::verbs::WorkCompletion> for Cqe {
+    #[inline]
     fn from(wc: &crate::verbs::WorkCompletion) -> Cqe {
         let ok = wc.is_success();
         Cqe {

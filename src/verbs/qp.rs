@@ -632,6 +632,38 @@ impl QueuePair {
         unsafe { post_chain(wrs, post) }
     }
 
+    /// [`post_send`](Self::post_send) of one request (the driver's fast path: no chain).
+    ///
+    /// # Safety
+    ///
+    /// As [`post_send`](Self::post_send).
+    #[inline]
+    pub(crate) unsafe fn post_send_one(&self, wr: &SendWr<'_>) -> Result<()> {
+        let post = |head, bad: &mut _| {
+            // SAFETY: the QP is alive; the request is valid, its `next` NULL, and lives until
+            // the call returns (`post_single`).
+            unsafe { sys::ibv_post_send(self.as_ptr(), head, bad) }
+        };
+        // SAFETY: the caller's contract covers the memory the request names.
+        unsafe { super::wr::post_single(wr, post) }
+    }
+
+    /// [`post_recv`](Self::post_recv) of one request (the driver's fast path: no chain).
+    ///
+    /// # Safety
+    ///
+    /// As [`post_recv`](Self::post_recv).
+    #[inline]
+    pub(crate) unsafe fn post_recv_one(&self, wr: &RecvWr<'_>) -> Result<()> {
+        let post = |head, bad: &mut _| {
+            // SAFETY: the QP is alive; the request is valid for the call (as in `post_send`).
+            unsafe { sys::ibv_post_recv(self.as_ptr(), head, bad) }
+        };
+        // SAFETY: the caller's contract covers the memory the request names.
+        unsafe { super::wr::post_single(wr, post) }
+    }
+
+    #[inline]
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {
         self.inner.qp.as_ptr()
     }

@@ -402,20 +402,13 @@ pub(crate) unsafe fn post_chain<W: Chained>(
     wrs: &[W],
     post: impl FnOnce(*mut W::Raw, &mut *mut W::Raw) -> i32,
 ) -> Result<()> {
-    let mut bad: *mut W::Raw = std::ptr::null_mut();
-    let one = match wrs {
+    match wrs {
         [] => return Ok(()),
-        [one] => Some(one.raw()),
-        _ => None,
-    };
-    if let Some(mut raw) = one {
-        // A lone request: no chain to build (`raw()` leaves `next` NULL).
-        let rc = post(&mut raw, &mut bad);
-        if rc != 0 {
-            return Err(Error::code(rc, |source| W::post_error(0, source)));
-        }
-        return Ok(());
+        // SAFETY: as this function's contract.
+        [one] => return unsafe { post_single(one, post) },
+        _ => {}
     }
+    let mut bad: *mut W::Raw = std::ptr::null_mut();
     let mut stack: [MaybeUninit<W::Raw>; STACK_CHAIN] =
         [const { MaybeUninit::uninit() }; STACK_CHAIN];
     let mut heap = Vec::new();
@@ -434,6 +427,26 @@ pub(crate) unsafe fn post_chain<W: Chained>(
     if rc != 0 {
         let bad_index = bad_index(head, bad, wrs.len());
         return Err(Error::code(rc, |source| W::post_error(bad_index, source)));
+    }
+    Ok(())
+}
+
+/// Posts one request: no chain to build (`raw()` leaves `next` NULL), no room reserved for
+/// one on the stack (a driver operation's common case, see [`post_chain`]).
+///
+/// # Safety
+///
+/// As [`post_chain`].
+#[inline]
+pub(crate) unsafe fn post_single<W: Chained>(
+    wr: &W,
+    post: impl FnOnce(*mut W::Raw, &mut *mut W::Raw) -> i32,
+) -> Result<()> {
+    let mut bad: *mut W::Raw = std::ptr::null_mut();
+    let mut raw = wr.raw();
+    let rc = post(&mut raw, &mut bad);
+    if rc != 0 {
+        return Err(Error::code(rc, |source| W::post_error(0, source)));
     }
     Ok(())
 }
