@@ -17,11 +17,28 @@ pub enum Queue {
 pub const INLINE_SGES: usize = 4;
 
 /// A scatter/gather list: up to [`INLINE_SGES`] entries inline, more on the heap.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SgList {
     len: usize,
     inline: [Sge; INLINE_SGES],
     spill: Vec<Sge>,
+}
+
+impl Clone for SgList {
+    /// An inline list copies its entries and nothing else (a coalesced request is cloned into
+    /// its queue pair's pending list: no call into the allocator's clone of an empty `Vec`).
+    #[inline]
+    fn clone(&self) -> SgList {
+        SgList {
+            len: self.len,
+            inline: self.inline,
+            spill: if self.len <= INLINE_SGES {
+                Vec::new()
+            } else {
+                self.spill.clone()
+            },
+        }
+    }
 }
 
 impl Default for SgList {
