@@ -346,7 +346,9 @@ async fn bw_loop(
     // already), and a ring of slot numbers, oldest first. Nothing moves an operation's future
     // once it is in its slot (a future is a few hundred bytes: a ring of futures copied each
     // one in and out, as perftest's loop copies nothing).
-    let mut slots: Vec<BwSlot> = (0..cfg.depth * cfg.qps).map(|_| BwSlot::default()).collect();
+    let mut slots: Vec<BwSlot> = (0..cfg.depth * cfg.qps)
+        .map(|_| BwSlot::default())
+        .collect();
     let mut free: Vec<usize> = (0..slots.len()).rev().collect();
     let mut ring: VecDeque<usize> = VecDeque::with_capacity(slots.len());
     // Reused: the buffers of the operations completed in one look, to start again.
