@@ -532,11 +532,10 @@ impl<P> Core<P> {
         let Some((qp, had_postable, settled)) = self.retire_through(cqe, out) else {
             return;
         };
-        if settled {
-            // Recorded by `retire_through` with its one look at the entry.
-        } else if cqe.status == WcStatus::Success {
+        // `settled`: recorded by `retire_through` with its one look at the entry.
+        if !settled && cqe.status == WcStatus::Success {
             finish_ok(&mut self.table, cqe.wr_id, ok_info(cqe), out);
-        } else {
+        } else if !settled {
             let cause = if cqe.status == WcStatus::WrFlushErr {
                 QpFailure::Flushed
             } else {
@@ -602,34 +601,32 @@ impl<P> Core<P> {
             Queue::Send => slot.sq_ring.front() == Some(&cqe.wr_id),
             Queue::Recv => true,
         };
-        if alone
-            && cqe.status == WcStatus::Success
-            && matches!(entry.lifecycle, Lifecycle::Submitted)
-        {
-            match queue {
-                Queue::Send => {
-                    slot.sq_ring.pop_front();
+        if !alone {
+            // A send whose unsignaled predecessors complete with it (or one not in the ring:
+            // everything before it is retired).
+            while let Some(id) = slot.sq_ring.pop_front() {
+                if id == cqe.wr_id {
+                    break;
                 }
-                Queue::Recv => slot.rq_posted = slot.rq_posted.saturating_sub(1),
+                finish_ok(table, id, OpInfo::default(), out);
             }
+            return Some((qp, had_postable, false));
+        }
+        match queue {
+            Queue::Send => {
+                slot.sq_ring.pop_front();
+            }
+            Queue::Recv => slot.rq_posted = slot.rq_posted.saturating_sub(1),
+        }
+        let settled =
+            cqe.status == WcStatus::Success && matches!(entry.lifecycle, Lifecycle::Submitted);
+        if settled {
             entry.lifecycle = Lifecycle::Done(ok_info(cqe));
             if let Some(w) = entry.waker.take() {
                 out.wakers.push(w);
             }
-            return Some((qp, had_postable, true));
         }
-        match queue {
-            Queue::Send => {
-                while let Some(id) = slot.sq_ring.pop_front() {
-                    if id == cqe.wr_id {
-                        break;
-                    }
-                    finish_ok(table, id, OpInfo::default(), out);
-                }
-            }
-            Queue::Recv => slot.rq_posted = slot.rq_posted.saturating_sub(1),
-        }
-        Some((qp, had_postable, false))
+        Some((qp, had_postable, settled))
     }
 
     /// Marks `qp` failed (keeping an earlier cause if there is one) and fails its queued

@@ -603,13 +603,8 @@ impl QueuePair {
     /// [`Error::PostSend`] with the index of the first request that was not posted (earlier
     /// ones were) and the returned error code (`ENOMEM`: send queue full; `EINVAL`: bad request).
     pub unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        let post = |head, bad: &mut _| {
-            // SAFETY: the QP is alive; the list is valid, NULL-terminated and lives until the
-            // call returns (`post_chain`).
-            unsafe { sys::ibv_post_send(self.as_ptr(), head, bad) }
-        };
         // SAFETY: the caller's contract covers the memory the requests name.
-        unsafe { post_chain(wrs, post) }
+        unsafe { post_chain(wrs, self.send_doorbell()) }
     }
 
     /// Posts receive work requests as one chained list.
@@ -624,12 +619,8 @@ impl QueuePair {
     ///
     /// [`Error::PostRecv`] with the index of the first request not posted.
     pub unsafe fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let post = |head, bad: &mut _| {
-            // SAFETY: the QP is alive; the chain is valid for the call (as in `post_send`).
-            unsafe { sys::ibv_post_recv(self.as_ptr(), head, bad) }
-        };
         // SAFETY: the caller's contract covers the memory the requests name.
-        unsafe { post_chain(wrs, post) }
+        unsafe { post_chain(wrs, self.recv_doorbell()) }
     }
 
     /// [`post_send`](Self::post_send) of one request (the driver's fast path: no chain).
@@ -639,13 +630,8 @@ impl QueuePair {
     /// As [`post_send`](Self::post_send).
     #[inline]
     pub(crate) unsafe fn post_send_one(&self, wr: &SendWr<'_>) -> Result<()> {
-        let post = |head, bad: &mut _| {
-            // SAFETY: the QP is alive; the request is valid, its `next` NULL, and lives until
-            // the call returns (`post_single`).
-            unsafe { sys::ibv_post_send(self.as_ptr(), head, bad) }
-        };
         // SAFETY: the caller's contract covers the memory the request names.
-        unsafe { super::wr::post_single(wr, post) }
+        unsafe { super::wr::post_single(wr, self.send_doorbell()) }
     }
 
     /// [`post_recv`](Self::post_recv) of one request (the driver's fast path: no chain).
@@ -655,12 +641,32 @@ impl QueuePair {
     /// As [`post_recv`](Self::post_recv).
     #[inline]
     pub(crate) unsafe fn post_recv_one(&self, wr: &RecvWr<'_>) -> Result<()> {
-        let post = |head, bad: &mut _| {
-            // SAFETY: the QP is alive; the request is valid for the call (as in `post_send`).
-            unsafe { sys::ibv_post_recv(self.as_ptr(), head, bad) }
-        };
         // SAFETY: the caller's contract covers the memory the request names.
-        unsafe { super::wr::post_single(wr, post) }
+        unsafe { super::wr::post_single(wr, self.recv_doorbell()) }
+    }
+
+    /// `ibv_post_send` on this queue pair, for [`post_chain`] and `post_single`, which hand it
+    /// a valid, NULL-terminated list that lives until the call returns.
+    #[inline]
+    fn send_doorbell(
+        &self,
+    ) -> impl FnOnce(*mut sys::ibv_send_wr, &mut *mut sys::ibv_send_wr) -> i32 + '_ {
+        |head, bad| {
+            // SAFETY: the QP is alive (`self` holds it); `post_chain` and `post_single` pass a
+            // valid, NULL-terminated list that lives until the call returns.
+            unsafe { sys::ibv_post_send(self.as_ptr(), head, bad) }
+        }
+    }
+
+    /// `ibv_post_recv` on this queue pair, as [`send_doorbell`](Self::send_doorbell).
+    #[inline]
+    fn recv_doorbell(
+        &self,
+    ) -> impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32 + '_ {
+        |head, bad| {
+            // SAFETY: as in `send_doorbell`.
+            unsafe { sys::ibv_post_recv(self.as_ptr(), head, bad) }
+        }
     }
 
     #[inline]
