@@ -152,23 +152,21 @@ pub async fn client(
     let msg = Payload::new(conn, cfg, size).await?;
     match cfg.test {
         Test::MsgLat => {
-            // One clock read per round trip, as perftest's (crate::run::Lap).
-            let mut clock = crate::run::Lap::start();
+            // One clock read per round trip, as perftest's (crate::run::Stamps).
+            let mut clock = crate::run::Stamps::start(cfg.warmup + cfg.iters);
             for k in 0..cfg.warmup + cfg.iters {
                 mark(k);
                 msg.send(conn).await?;
                 let pong = conn.recv().await?.ok_or("the server closed early")?;
-                let rtt = clock.lap();
+                clock.stamp();
                 if pong.len() != size {
                     return Err(format!("pong of {} bytes, expected {size}", pong.len()).into());
                 }
                 // Dropping the pong returns its credit: in the next sample, as perftest's
                 // re-post of its receive falls between two of its stamps.
                 drop(pong);
-                if k >= cfg.warmup {
-                    samples.push(us(rtt) / 2.0);
-                }
             }
+            clock.samples(cfg.warmup, 0.5, samples);
         }
         _ => {
             if cfg.warmup > 0 {

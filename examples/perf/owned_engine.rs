@@ -9,7 +9,7 @@ use tokio_rdma::owned::{MAX_BATCH, OwnedQp, Ticket};
 use tokio_rdma::verbs::RegisteredBuffer;
 
 use crate::args::{Test, TestConfig};
-use crate::run::{Lap, SLOT_BYTES, local_buf, marker, wait_byte};
+use crate::run::{SLOT_BYTES, Stamps, lat_scale, local_buf, marker, wait_byte};
 use crate::setup::{Res, Side};
 
 pub type Qp = OwnedQp<RegisteredBuffer>;
@@ -133,13 +133,12 @@ pub async fn client(
     let mut src = local_buf(side, size)?;
     let mut rx = local_buf(side, size)?;
     let remote = side.remote[0];
-    let mut out = Vec::with_capacity(total);
     let mut recv = None;
     if cfg.test == Test::SendLat {
         recv = Some(posted(qp.post_recv(rx))?);
         rx = local_buf(side, 1)?;
     }
-    let mut clock = Lap::start();
+    let mut clock = Stamps::start(total);
     for k in 0..total {
         mark(k);
         match cfg.test {
@@ -166,8 +165,10 @@ pub async fn client(
             }
             _ => return Err("the owned engine runs the queue-pair latency tests only".into()),
         }
-        out.push(crate::run::lat_sample(cfg.test, clock.lap()));
+        clock.stamp();
     }
+    let mut out = Vec::with_capacity(total);
+    clock.samples(0, lat_scale(cfg.test), &mut out);
     Ok(out)
 }
 

@@ -104,6 +104,19 @@ impl StatsDelta {
     }
 }
 
+/// The latency samples in µs of a loop's stamps (`stamps[k]` before iteration `k`,
+/// `stamps[k + 1]` after it), from iteration `skip` on, each times `scale`; appended to
+/// `out`. Part of the report, as perftest's differences of its `tstamp[]` are: plain
+/// arithmetic, no call the measured loop shares.
+pub fn lap_samples(stamps: &[libc::timespec], skip: usize, scale: f64, out: &mut Vec<f64>) {
+    out.reserve(stamps.len().saturating_sub(skip + 1));
+    for k in skip + 1..stamps.len() {
+        let (a, b) = (&stamps[k - 1], &stamps[k]);
+        let ns = (b.tv_sec - a.tv_sec) as f64 * 1e9 + (b.tv_nsec - a.tv_nsec) as f64;
+        out.push(ns * 1e-3 * scale);
+    }
+}
+
 /// User + system CPU time of this process so far.
 pub fn cpu_time() -> Duration {
     // SAFETY: `ru` is a valid out-parameter of the right type.

@@ -72,33 +72,51 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-/// Latency loops read the clock once per iteration, as perftest does (`get_cycles()` before
-/// each post, samples the differences of consecutive stamps): a sample is the whole
-/// iteration, the loop's own bookkeeping included, and an operation pays one
-/// `Instant::now`, not two (one costs ~50 instructions in the callgrind counts of
-/// `scripts/bench-insn`: its "clock" stage of `read_lat` went from 122 to 69 per operation;
-/// perftest's `rdtsc` costs one).
-pub struct Lap(Instant);
+/// The clock stamps of a latency loop: one clock read per iteration, stored, and the samples
+/// (differences of consecutive stamps) computed after the loop
+/// ([`report::lap_samples`](crate::report::lap_samples)), as perftest does (`get_cycles()`
+/// into `tstamp[]` before each post; `print_report_lat` takes the differences). A sample is
+/// the whole iteration, the loop's own bookkeeping included, and an iteration pays one
+/// `clock_gettime(CLOCK_MONOTONIC)` (the clock `Instant` reads) and a store into reserved
+/// memory. Subtracting and converting each sample in the loop cost ~60 more instructions per
+/// operation in the callgrind counts of `scripts/bench-insn` (`Instant - Instant`,
+/// `as_secs_f64`), which perftest does in its report, outside the loop the script counts; raw
+/// stamps keep the report's arithmetic in the report (an `Instant`'s subtraction is a library
+/// call the loop's other clock reads share, which the script would count in the loop).
+pub struct Stamps(Vec<libc::timespec>);
 
-impl Lap {
-    pub fn start() -> Lap {
-        Lap(Instant::now())
+impl Stamps {
+    /// Stamps the start of a loop of `iters` iterations (room for every stamp is reserved now).
+    pub fn start(iters: usize) -> Stamps {
+        let mut s = Stamps(Vec::with_capacity(iters + 1));
+        s.stamp();
+        s
     }
 
-    /// The time since the previous lap (or the start); starts the next.
-    pub fn lap(&mut self) -> Duration {
-        let now = Instant::now();
-        let d = now - self.0;
-        self.0 = now;
-        d
+    /// Stamps the end of an iteration.
+    #[inline]
+    pub fn stamp(&mut self) {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid out-parameter; CLOCK_MONOTONIC always exists on Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        self.0.push(ts);
+    }
+
+    /// The samples in µs of the iterations from `skip` on, each the time between its stamps
+    /// times `scale` (perftest's latency sample: a read's whole time, half a ping-pong's round
+    /// trip: see [`lat_scale`]).
+    pub fn samples(&self, skip: usize, scale: f64, out: &mut Vec<f64>) {
+        crate::report::lap_samples(&self.0, skip, scale, out);
     }
 }
 
-/// One latency sample in µs, as perftest defines it: a read's whole time, half a ping-pong's
-/// round trip.
-pub fn lat_sample(test: Test, took: Duration) -> f64 {
-    let us = us(took);
-    if test == Test::ReadLat { us } else { us / 2.0 }
+/// The factor of a latency test's sample: 1 for a read (its whole time), 1/2 for a ping-pong
+/// (half its round trip), as perftest defines them.
+pub fn lat_scale(test: Test) -> f64 {
+    if test == Test::ReadLat { 1.0 } else { 0.5 }
 }
 
 /// Client side of one size.
@@ -203,7 +221,7 @@ async fn async_client(
         Test::WriteLat => {
             let mut src = local_buf(side, size)?;
             let remote = side.remote[0].slice(0..size as u64)?;
-            let mut clock = Lap::start();
+            let mut clock = Stamps::start(total);
             for k in 0..total {
                 mark(k);
                 let m = marker(k);
@@ -212,13 +230,11 @@ async fn async_client(
                     qp.write(src.slice(0..size), remote),
                     wait_byte(&side.exposed[0], size - 1, m)
                 );
-                let rtt = clock.lap();
+                clock.stamp();
                 res?;
                 src = s.into_inner();
-                if k >= cfg.warmup {
-                    samples.push(us(rtt) / 2.0);
-                }
             }
+            clock.samples(cfg.warmup, 0.5, samples);
             ops = cfg.iters as u64;
         }
         Test::SendLat => {
@@ -228,7 +244,7 @@ async fn async_client(
             // box or waker needed.
             let mut recv = qp.recv(rx);
             recv.start();
-            let mut clock = Lap::start();
+            let mut clock = Stamps::start(total);
             for k in 0..total {
                 mark(k);
                 // The send first, as perftest posts it first: once it is out, nothing waits
@@ -236,7 +252,7 @@ async fn async_client(
                 // the receive's first poll would poll once and yield, a runtime round per
                 // round trip, for the send not yet posted beside it).
                 let ((sres, s), (rres, rx)) = tokio::join!(qp.send(src.slice(0..size)), &mut recv);
-                let rtt = clock.lap();
+                clock.stamp();
                 sres?;
                 let info = rres?;
                 if info.len != size {
@@ -248,26 +264,22 @@ async fn async_client(
                     recv = qp.recv(rx);
                     recv.start();
                 }
-                if k >= cfg.warmup {
-                    samples.push(us(rtt) / 2.0);
-                }
             }
+            clock.samples(cfg.warmup, 0.5, samples);
             ops = cfg.iters as u64;
         }
         Test::ReadLat => {
             let mut dst = local_buf(side, size)?;
             let remote = side.remote[0].slice(0..size as u64)?;
-            let mut clock = Lap::start();
+            let mut clock = Stamps::start(total);
             for k in 0..total {
                 mark(k);
                 let (res, d) = qp.read(dst.slice(0..size), remote).await;
-                let took = clock.lap();
+                clock.stamp();
                 res?;
                 dst = d.into_inner();
-                if k >= cfg.warmup {
-                    samples.push(us(took));
-                }
             }
+            clock.samples(cfg.warmup, 1.0, samples);
             ops = cfg.iters as u64;
         }
         Test::WriteBw | Test::SendBw | Test::ReadBw | Test::MsgLat | Test::MsgRate => {

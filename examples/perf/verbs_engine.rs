@@ -63,11 +63,10 @@ pub fn client(
         RegisteredBuffer::new(&side.pd, size, tokio_rdma::verbs::AccessFlags::LOCAL_WRITE)?;
     let rx = RegisteredBuffer::new(&side.pd, size, tokio_rdma::verbs::AccessFlags::LOCAL_WRITE)?;
     let remote = side.remote[0];
-    let mut out = Vec::with_capacity(total);
     if cfg.test == Test::SendLat {
         post_recv(qp, &rx, size)?;
     }
-    let mut clock = crate::run::Lap::start();
+    let mut clock = crate::run::Stamps::start(total);
     for k in 0..total {
         mark(k);
         match cfg.test {
@@ -117,8 +116,10 @@ pub fn client(
             }
             _ => return Err("the verbs engine runs latency tests only".into()),
         }
-        out.push(crate::run::lat_sample(cfg.test, clock.lap()));
+        clock.stamp();
     }
+    let mut out = Vec::with_capacity(total);
+    clock.samples(0, crate::run::lat_scale(cfg.test), &mut out);
     Ok(out)
 }
 

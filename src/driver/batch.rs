@@ -239,7 +239,7 @@ impl<B: Send + 'static> RawBatch<B> {
             match out {
                 Poll::Ready(out) => {
                     if let Err(e) = out {
-                        failed.push((next, e));
+                        failed.push((next, *e));
                     }
                     next += 1;
                     fresh = false;

@@ -28,7 +28,7 @@ use super::shared::Shared;
 use super::state::State;
 use super::wait::Waiter;
 use crate::error::{Error, Result};
-use crate::proto::{OpInfo, QpKey, WorkRequest};
+use crate::proto::{Outcome, QpKey, WorkRequest, box_error};
 use crate::verbs::QpCaps;
 
 /// What every operation of one queue pair needs to know.
@@ -49,11 +49,11 @@ enum RawState {
     /// Not polled yet: nothing is posted.
     Init(WorkRequest),
     /// Rejected before posting; reported on first poll.
-    Invalid(Error),
+    Invalid(Box<Error>),
     /// Queued or posted. `flushed`: this future already asked for a post.
     InTable { wr_id: u64, flushed: bool },
     /// Resolved before anyone waited ([`RawOp::start`]): the outcome, for the next poll.
-    Ready(Result<OpInfo>),
+    Ready(Outcome),
     /// Resolved.
     Done,
 }
@@ -87,7 +87,7 @@ impl<B: Send + 'static> RawOp<B> {
         };
         let (state, unposted) = match wr {
             Ok(wr) => (RawState::Init(wr), true),
-            Err(err) => (RawState::Invalid(err), false),
+            Err(err) => (RawState::Invalid(box_error(err)), false),
         };
         if unposted {
             cfg.shared.unposted.fetch_add(1, Ordering::Relaxed);
@@ -119,7 +119,7 @@ impl<B: Send + 'static> RawOp<B> {
     }
 
     /// Drives the operation; on completion returns its outcome and the buffers.
-    pub(crate) fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<(Result<OpInfo>, B)> {
+    pub(crate) fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<(Outcome, B)> {
         match self.poll_state(cx) {
             Poll::Ready(out) => {
                 let buf = self.buf.take().expect("a future resolves once");
@@ -131,7 +131,7 @@ impl<B: Send + 'static> RawOp<B> {
 
     /// Drives the operation; on completion returns its outcome (the buffers stay in
     /// [`buf`](Self::buf)).
-    fn poll_state(&mut self, cx: &mut Context<'_>) -> Poll<Result<OpInfo>> {
+    fn poll_state(&mut self, cx: &mut Context<'_>) -> Poll<Outcome> {
         let RawOp {
             cfg,
             state,
@@ -155,7 +155,7 @@ impl<B: Send + 'static> RawOp<B> {
                 Err(err) => {
                     *state = RawState::Done;
                     posted(shared, unposted);
-                    return Poll::Ready(Err(err));
+                    return Poll::Ready(Err(box_error(err)));
                 }
                 Ok((wr_id, None)) => {
                     // Queued on a coalescing queue pair: yield once so that siblings started
@@ -261,7 +261,7 @@ pub(super) fn wait_outcome<'s>(
     starting: bool,
     wake: &mut Deferred,
     cx: &mut Context<'_>,
-) -> Poll<Result<OpInfo>> {
+) -> Poll<Outcome> {
     // Busy mode polls in place up to IN_PLACE_POLLS times before it yields to the runtime
     // (a runtime round trip per empty poll costs several times the poll itself); the lock
     // is released between polls, so other threads post and poll meanwhile.

@@ -48,8 +48,7 @@ use super::deferred::Deferred;
 use super::shared::Shared;
 use super::state::{Holder, State, TaskId};
 use super::wait::Waiter;
-use crate::error::Result;
-use crate::proto::OpInfo;
+use crate::proto::Outcome;
 
 /// `waiter` resolved or is dropped (under the driver's lock): it leaves the watch. The last
 /// one to leave wakes the completion task if the table still holds operations (a started one
@@ -78,7 +77,7 @@ pub(super) fn sleep(
     wr_id: u64,
     cx: &mut Context<'_>,
     wake: &mut Deferred,
-) -> Poll<Result<OpInfo>> {
+) -> Poll<Outcome> {
     let me = TaskId::of(cx.waker());
     let mine = st.watch.is(me);
     let mut kick = waiter.take_kick_due();
@@ -144,12 +143,7 @@ pub(super) fn sleep(
 }
 
 /// Polls the CQ until empty (one batch short of full), then looks at `wr_id`'s outcome.
-fn drain_for(
-    shared: &Shared,
-    st: &mut State,
-    wr_id: u64,
-    wake: &mut Deferred,
-) -> Poll<Result<OpInfo>> {
+fn drain_for(shared: &Shared, st: &mut State, wr_id: u64, wake: &mut Deferred) -> Poll<Outcome> {
     while shared.poll_cq(st, wake) == st.batch.capacity() {}
     st.core.poll_result(wr_id, None)
 }
@@ -172,7 +166,7 @@ fn hand_over(
     waiter: &mut Waiter,
     wr_id: u64,
     cx: &mut Context<'_>,
-) -> Poll<Result<OpInfo>> {
+) -> Poll<Outcome> {
     let _ = st.watch.leave(&mut waiter.watch, &shared.watched);
     st.watch.end(&shared.watched);
     st.watch.holder = Holder::Future;

@@ -68,7 +68,7 @@ macro_rules! atomic_future {
                         let v = previous_value(&mut buf);
                         (Ok(v), buf)
                     }
-                    Err(e) => (Err(e), buf),
+                    Err(e) => (Err(*e), buf),
                 })
             }
         }

@@ -65,7 +65,7 @@ impl<B: SgTarget> Future for Read<B> {
             if res.is_ok() {
                 buf.set_filled(len);
             }
-            (res.map(|_| ()), buf)
+            (res.map(|_| ()).map_err(|e| *e), buf)
         })
     }
 }

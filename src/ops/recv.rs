@@ -77,7 +77,7 @@ impl<B: SgTarget> Future for Recv<B> {
                 buf.set_filled(len);
                 (Ok(RecvInfo { len, imm: info.imm }), buf)
             }
-            Err(e) => (Err(e), buf),
+            Err(e) => (Err(*e), buf),
         })
     }
 }

@@ -81,6 +81,6 @@ impl<B: SgSource> Future for Send<B> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.raw
             .poll_raw(cx)
-            .map(|(res, buf)| (res.map(|_| ()), buf))
+            .map(|(res, buf)| (res.map(|_| ()).map_err(|e| *e), buf))
     }
 }

@@ -292,7 +292,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         // is; else the buffer is leaked, never freed).
         // SAFETY: the SGEs name the buffer's memory, which stays put when the buffer moves
         // (`IoBuf`'s stable pointer) and stays allocated while the ring owns it (above).
-        match unsafe { self.qp.post_recv(&[RecvWr::new(wr_id, sges.as_slice())]) } {
+        match unsafe { self.qp.post_recv_one(&RecvWr::new(wr_id, sges.as_slice())) } {
             Ok(()) => Ok(ticket),
             Err(e) => Err((e, self.ring.unpost(ticket))),
         }
@@ -340,7 +340,7 @@ impl<B: SgSource + SgTarget> OwnedQp<B> {
         let wr = SendWr::new(wr_id, op, sges).inline(inline);
         // SAFETY: as in `post_recv`: the ring owns the buffer the SGEs name until the
         // request's completion (it is signaled) is polled from this CQ.
-        match unsafe { self.qp.post_send(&[wr]) } {
+        match unsafe { self.qp.post_send_one(&wr) } {
             Ok(()) => Ok(ticket),
             Err(e) => Err((e, self.ring.unpost(ticket))),
         }

@@ -5,7 +5,7 @@ use std::task::{Context, Poll, Waker};
 use super::key::QpKey;
 use super::qp::{QpConfig, QpSlot};
 use super::table::{Entry, Lifecycle, OpTable};
-use super::wr::{Cqe, OpInfo, PostItem, Queue, WorkRequest};
+use super::wr::{Cqe, OpInfo, Outcome, PostItem, Queue, WorkRequest, box_error};
 use crate::error::{Error, QpFailure, WcStatus};
 use crate::verbs::WcOpcode;
 
@@ -371,11 +371,7 @@ impl<P> Core<P> {
     ///
     /// If `wr_id` is not in the table (the future already collected it: a bug in the caller),
     /// or if it was submitted without a payload.
-    pub fn poll_op(
-        &mut self,
-        wr_id: u64,
-        cx: &mut Context<'_>,
-    ) -> Poll<(Result<OpInfo, Error>, P)> {
+    pub fn poll_op(&mut self, wr_id: u64, cx: &mut Context<'_>) -> Poll<(Outcome, P)> {
         self.poll_entry(wr_id, Some(cx))
             .map(|(outcome, payload)| (outcome, payload.expect("payload parked until collected")))
     }
@@ -388,11 +384,7 @@ impl<P> Core<P> {
     ///
     /// If `wr_id` is not in the table.
     #[inline]
-    pub fn poll_result(
-        &mut self,
-        wr_id: u64,
-        cx: Option<&mut Context<'_>>,
-    ) -> Poll<Result<OpInfo, Error>> {
+    pub fn poll_result(&mut self, wr_id: u64, cx: Option<&mut Context<'_>>) -> Poll<Outcome> {
         self.poll_entry(wr_id, cx).map(|(outcome, _)| outcome)
     }
 
@@ -410,7 +402,7 @@ impl<P> Core<P> {
         &mut self,
         wr_id: u64,
         cx: Option<&mut Context<'_>>,
-    ) -> Poll<(Result<OpInfo, Error>, Option<P>)> {
+    ) -> Poll<(Outcome, Option<P>)> {
         let entry = self
             .table
             .get_mut(wr_id)
@@ -464,7 +456,7 @@ impl<P> Core<P> {
                     else {
                         unreachable!("matched above");
                     };
-                    failed(i, err);
+                    failed(i, *err);
                 }
                 _ => return i,
             }
@@ -798,7 +790,7 @@ fn finish<P>(
 ) {
     match outcome {
         Ok(info) => finish_ok(table, wr_id, info, out),
-        Err(err) => settle(table, wr_id, Lifecycle::Failed(err), out),
+        Err(err) => settle(table, wr_id, Lifecycle::Failed(box_error(err)), out),
     }
 }
 

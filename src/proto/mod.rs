@@ -63,4 +63,4 @@ pub use engine::{Completed, Core, Submitted};
 pub use key::QpKey;
 pub use msg::{MsgHeader, MsgKind};
 pub use qp::QpConfig;
-pub use wr::{Cqe, INLINE_SGES, OpInfo, PostItem, Queue, SgList, WorkRequest};
+pub use wr::{Cqe, INLINE_SGES, OpInfo, Outcome, PostItem, Queue, SgList, WorkRequest, box_error};

@@ -256,3 +256,16 @@ pub struct OpInfo {
     /// Immediate data received, if any.
     pub imm: Option<u32>,
 }
+
+/// The outcome of an operation as the core and the driver hand it up to the operation's
+/// future: a success's few bytes, or a boxed error (failures are rare and allocate; a
+/// success moves through every layer in two registers rather than as a 64-byte `Result`).
+pub type Outcome = Result<OpInfo, Box<crate::error::Error>>;
+
+/// Boxes the error of an [`Outcome`], out of line: the paths that may fail (building a
+/// future, finishing an operation) stay small enough to be inlined into their callers.
+#[cold]
+#[inline(never)]
+pub fn box_error(err: crate::error::Error) -> Box<crate::error::Error> {
+    Box::new(err)
+}

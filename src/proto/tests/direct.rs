@@ -83,7 +83,7 @@ fn a_failed_or_removed_queue_pair_refuses_the_fast_path_with_its_cause() {
     let mut out = Completed::default();
     core.post_failed(qp, &[s], libc::ENOMEM, &mut out);
     assert_eq!(out.failed, [qp]);
-    match core.poll_result(s, None) {
+    match core.poll_result(s, None).map(|r| r.map_err(|e| *e)) {
         Poll::Ready(Err(Error::QpFailed(QpFailure::PostFailed(e)))) => assert_eq!(e, libc::ENOMEM),
         other => panic!("{other:?}"),
     }

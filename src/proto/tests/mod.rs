@@ -54,6 +54,7 @@ pub(super) fn poll_with<P>(
     w: &Waker,
 ) -> Poll<(Result<OpInfo, Error>, P)> {
     core.poll_op(wr_id, &mut Context::from_waker(w))
+        .map(|(res, p)| (res.map_err(|e| *e), p))
 }
 
 /// Polls with a no-op waker and expects the operation to be complete.

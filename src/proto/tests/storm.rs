@@ -129,7 +129,7 @@ impl Storm {
                         panic!("seed {}: submit on a healthy QP failed: {err:?}", self.seed)
                     });
                     assert!(
-                        outcome_matches(&Err(err), &Expect::Failed(cause)),
+                        outcome_matches(&Err(Box::new(err)), &Expect::Failed(cause)),
                         "seed {}: wrong fast failure",
                         self.seed
                     );

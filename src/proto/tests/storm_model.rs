@@ -116,8 +116,8 @@ pub(super) enum Expect {
     Failed(QpFailure),
 }
 
-pub(super) fn outcome_matches(res: &Result<OpInfo, Error>, exp: &Expect) -> bool {
-    match (res, exp) {
+pub(super) fn outcome_matches(res: &crate::proto::Outcome, exp: &Expect) -> bool {
+    match (res.as_ref().map_err(|e| &**e), exp) {
         (Ok(got), Expect::Ok(want)) => got == want,
         (
             Err(Error::QpFailed(QpFailure::WorkCompletion { status, vendor_err })),
