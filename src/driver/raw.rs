@@ -27,7 +27,7 @@ use super::post;
 use super::shared::Shared;
 use super::state::State;
 use super::wait::Waiter;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::proto::{Outcome, QpKey, WorkRequest, box_error};
 use crate::verbs::QpCaps;
 
@@ -41,19 +41,21 @@ pub(crate) struct OpConfig {
     pub(crate) inline: bool,
 }
 
-/// Where an operation is. Its buffers are not in here but beside it, in [`RawOp::buf`]: a change
-/// of state writes only the new state (the request, the largest part, is never moved; it is
-/// posted from where it lies), and the buffers move once, out of the resolved future.
-#[derive(Debug)]
+/// Where an operation is: plain data, so a change of state is one store and drops nothing.
+/// The request ([`RawOp::wr`], the largest part, posted from where it lies) and the buffers
+/// ([`RawOp::buf`], moved once, out of the resolved future) sit beside it; so does an outcome
+/// known before anyone waited for it ([`RawOp::early`]).
+#[derive(Debug, Clone, Copy)]
 enum RawState {
     /// Not polled yet: nothing is posted.
-    Init(WorkRequest),
-    /// Rejected before posting; reported on first poll.
-    Invalid(Box<Error>),
+    Init,
+    /// Rejected before posting (the error is in `early`); reported on first poll.
+    Invalid,
     /// Queued or posted. `flushed`: this future already asked for a post.
     InTable { wr_id: u64, flushed: bool },
-    /// Resolved before anyone waited ([`RawOp::start`]): the outcome, for the next poll.
-    Ready(Outcome),
+    /// Resolved before anyone waited ([`RawOp::start`]): the outcome, in `early`, is for the
+    /// next poll.
+    Ready,
     /// Resolved.
     Done,
 }
@@ -63,6 +65,11 @@ enum RawState {
 pub(crate) struct RawOp<B: Send + 'static> {
     cfg: OpConfig,
     state: RawState,
+    /// The request, posted from here on the first poll; dropped with the future.
+    wr: WorkRequest,
+    /// The outcome of an operation rejected before posting, or resolved by
+    /// [`start`](Self::start) before anyone waited.
+    early: Option<Outcome>,
     /// The operation's buffers: here from creation until the future resolves (then handed
     /// out) or is dropped (then parked in the table if the device may still use them).
     buf: Option<B>,
@@ -85,9 +92,14 @@ impl<B: Send + 'static> RawOp<B> {
             Ok(wr) if wr.queue == crate::proto::Queue::Recv => WaitKind::Recv,
             _ => WaitKind::Send,
         };
-        let (state, unposted) = match wr {
-            Ok(wr) => (RawState::Init(wr), true),
-            Err(err) => (RawState::Invalid(box_error(err)), false),
+        let (state, wr, early, unposted) = match wr {
+            Ok(wr) => (RawState::Init, wr, None, true),
+            Err(err) => (
+                RawState::Invalid,
+                WorkRequest::recv_list(crate::proto::SgList::new()),
+                Some(Err(box_error(err))),
+                false,
+            ),
         };
         if unposted {
             cfg.shared.unposted.fetch_add(1, Ordering::Relaxed);
@@ -95,6 +107,8 @@ impl<B: Send + 'static> RawOp<B> {
         RawOp {
             cfg: cfg.clone(),
             state,
+            wr,
+            early,
             buf: Some(buf),
             waiter: Waiter::default(),
             kind,
@@ -106,14 +120,15 @@ impl<B: Send + 'static> RawOp<B> {
     /// Posts the request now, without waiting for its completion; the outcome (also an error
     /// posting it) is reported when the future is polled. Does nothing if already posted.
     pub(crate) fn start(&mut self) {
-        if matches!(self.state, RawState::Init { .. }) {
+        if matches!(self.state, RawState::Init) {
             self.eager = true;
             let waker = std::task::Waker::noop();
             let mut cx = Context::from_waker(waker);
             // Posted (or complete, held back by a spent budget); its wait, spinning or
             // sleeping, begins at its first real poll.
             if let Poll::Ready(out) = self.poll_state(&mut cx) {
-                self.state = RawState::Ready(out);
+                self.state = RawState::Ready;
+                self.early = Some(out);
             }
         }
     }
@@ -135,6 +150,8 @@ impl<B: Send + 'static> RawOp<B> {
         let RawOp {
             cfg,
             state,
+            wr,
+            early,
             waiter,
             kind,
             eager,
@@ -151,7 +168,7 @@ impl<B: Send + 'static> RawOp<B> {
         // overwritten by its table entry's id; an outcome moves out once.
         let (wr_id, flushed) = match state {
             RawState::InTable { wr_id, flushed, .. } => (*wr_id, std::mem::replace(flushed, true)),
-            RawState::Init(wr) => match submit(cfg, waiter, *eager, wr, &mut wake) {
+            RawState::Init => match submit(cfg, waiter, *eager, wr, &mut wake) {
                 Err(err) => {
                     *state = RawState::Done;
                     posted(shared, unposted);
@@ -178,24 +195,20 @@ impl<B: Send + 'static> RawOp<B> {
                     (wr_id, true)
                 }
             },
-            RawState::Ready(_) => {
+            RawState::Ready => {
                 // Complete, held back by a spent budget (below): hand it out on a fresh one.
                 return match tokio::task::coop::poll_proceed(cx) {
                     Poll::Ready(coop) => {
                         coop.made_progress();
-                        let RawState::Ready(out) = std::mem::replace(state, RawState::Done) else {
-                            unreachable!("matched above");
-                        };
-                        Poll::Ready(out)
+                        *state = RawState::Done;
+                        Poll::Ready(early.take().expect("a ready operation holds its outcome"))
                     }
                     Poll::Pending => Poll::Pending,
                 };
             }
-            RawState::Invalid(_) => {
-                let RawState::Invalid(err) = std::mem::replace(state, RawState::Done) else {
-                    unreachable!("matched above");
-                };
-                return Poll::Ready(Err(err));
+            RawState::Invalid => {
+                *state = RawState::Done;
+                return Poll::Ready(early.take().expect("a rejected operation holds its error"));
             }
             RawState::Done => panic!("operation future polled after completion"),
         };
@@ -232,7 +245,8 @@ impl<B: Send + 'static> RawOp<B> {
                     }
                     Poll::Pending => {
                         // The task was woken; the next poll hands the result out.
-                        *state = RawState::Ready(outcome);
+                        *state = RawState::Ready;
+                        *early = Some(outcome);
                         Poll::Pending
                     }
                 }
