@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use tracing::{debug, info_span};
 
 use super::deferred::{Deferred, Sink};
-use super::raw::OpConfig;
+use super::raw::{OpConfig, OpFields};
 use super::shared::Shared;
 use super::sink::sink_wr_id;
 use super::state::QpEntry;
@@ -95,13 +95,13 @@ impl AsyncQp {
         let span = info_span!("qp", qpn = qp.qpn(), device = driver.context().name());
         span.in_scope(|| debug!(?caps, "queue pair created"));
         Ok(AsyncQp {
-            cfg: OpConfig {
+            cfg: OpConfig::new(OpFields {
                 shared: driver.shared().clone(),
                 qp: key,
                 caps,
                 coalesce: opts.coalesce,
                 inline: opts.inline,
-            },
+            }),
             driver,
             key,
             qp,

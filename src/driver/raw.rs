@@ -31,14 +31,35 @@ use crate::error::Result;
 use crate::proto::{Outcome, QpKey, WorkRequest, box_error};
 use crate::verbs::QpCaps;
 
-/// What every operation of one queue pair needs to know.
+/// What every operation of one queue pair needs to know, behind one pointer: each operation
+/// future holds a clone (one reference count, 8 bytes of the future, not the 40 of the
+/// fields, which it would copy on every construction and move).
 #[derive(Debug, Clone)]
-pub(crate) struct OpConfig {
+pub(crate) struct OpConfig(Arc<OpFields>);
+
+/// The fields of an [`OpConfig`].
+#[derive(Debug)]
+pub(crate) struct OpFields {
     pub(crate) shared: Arc<Shared>,
     pub(crate) qp: QpKey,
     pub(crate) caps: QpCaps,
     pub(crate) coalesce: bool,
     pub(crate) inline: bool,
+}
+
+impl OpConfig {
+    pub(crate) fn new(cfg: OpFields) -> OpConfig {
+        OpConfig(Arc::new(cfg))
+    }
+}
+
+impl std::ops::Deref for OpConfig {
+    type Target = OpFields;
+
+    #[inline]
+    fn deref(&self) -> &OpFields {
+        &self.0
+    }
 }
 
 /// Where an operation is: plain data, so a change of state is one store and drops nothing.
@@ -425,5 +446,29 @@ impl<B: Send + 'static> Drop for RawOp<B> {
         drop(st);
         // Not parked (never posted, or already complete): dropped with the future, outside the
         // lock.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::size_of;
+
+    use crate::buf::Slice;
+    use crate::verbs::RegisteredBuffer;
+
+    /// Every operation future is built, moved (into `join!`, a `select!`, a task, a slot of
+    /// the caller's) and dropped whole, once per operation: its size is paid in copies on the
+    /// data path (`send_lat` 2 B counted 274 instructions of `memcpy` per round trip at 336
+    /// bytes, docs/benchmarks-speed-5.md). A field that makes it grow should be a choice.
+    #[test]
+    fn an_operation_future_stays_small() {
+        // The buffer (a 64-byte `Slice` of a registered buffer here) is the caller's; the
+        // engine around it: the shared configuration (one pointer), its state, the request,
+        // an early outcome and the waiting state.
+        assert_eq!(size_of::<super::OpConfig>(), 8);
+        assert!(size_of::<crate::proto::SgList>() <= 72);
+        assert!(size_of::<super::Waiter>() <= 40);
+        let raw = size_of::<super::RawOp<Slice<RegisteredBuffer>>>();
+        assert!(raw <= 264, "RawOp<Slice<RegisteredBuffer>> is {raw} bytes");
     }
 }

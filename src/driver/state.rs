@@ -177,6 +177,10 @@ pub(crate) enum Holder {
     Future,
 }
 
+/// The number of a watch ([`Watch`]'s epoch): nonzero, so that a waiter's `Option<Epoch>`
+/// takes 8 bytes.
+pub(crate) type Epoch = std::num::NonZeroU64;
+
 /// The watch, under the driver's lock.
 #[derive(Debug)]
 pub(crate) struct Watch {
@@ -185,7 +189,7 @@ pub(crate) struct Watch {
     /// Its sleeping futures (those whose `Waiter::watch` is this watch's `epoch`).
     sleepers: usize,
     /// Counts the watches: a waiter of an ended one is not counted in a later one.
-    epoch: u64,
+    epoch: Epoch,
     pub(crate) holder: Holder,
     /// Queue pairs with a sink (connections) and the shared receive queue's: while there are
     /// any, nobody but the completion task watches.
@@ -197,7 +201,7 @@ impl Default for Watch {
         Watch {
             task: None,
             sleepers: 0,
-            epoch: 0,
+            epoch: Epoch::MIN,
             holder: Holder::Task,
             sinks: 0,
         }
@@ -216,7 +220,9 @@ impl Watch {
     pub(crate) fn end(&mut self, watched: &AtomicBool) {
         if self.task.take().is_some() {
             self.sleepers = 0;
-            self.epoch = self.epoch.wrapping_add(1);
+            // Never zero (a waiter holds an `Option<Epoch>` in 8 bytes); 2^64 watches do
+            // not happen, and one that wrapped would only start over at 1.
+            self.epoch = self.epoch.checked_add(1).unwrap_or(Epoch::MIN);
             watched.store(false, Ordering::Release);
         }
     }
@@ -230,7 +236,7 @@ impl Watch {
     /// A sleeper counted in the watch of epoch `joined` (taken) resolved or is dropped: it
     /// stops counting in it (the last one ends it). Returns whether it ended the watch.
     #[inline]
-    pub(crate) fn leave(&mut self, joined: &mut Option<u64>, watched: &AtomicBool) -> bool {
+    pub(crate) fn leave(&mut self, joined: &mut Option<Epoch>, watched: &AtomicBool) -> bool {
         if let Some(epoch) = joined.take() {
             if epoch == self.epoch && self.task.is_some() {
                 self.sleepers -= 1;
@@ -260,7 +266,7 @@ impl Watch {
     /// A sleeper of the watch task that was not counted yet (`joined` is not this watch's
     /// epoch) counts in it now.
     #[inline]
-    pub(crate) fn join(&mut self, joined: &mut Option<u64>) {
+    pub(crate) fn join(&mut self, joined: &mut Option<Epoch>) {
         if *joined != Some(self.epoch) {
             *joined = Some(self.epoch);
             self.sleepers += 1;

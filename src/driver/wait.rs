@@ -29,13 +29,19 @@ use std::time::{Duration, Instant};
 use super::latency::WaitKind;
 use super::options::CompletionMode;
 use super::shared::Shared;
+use super::state::Epoch;
+
+/// [`Waiter::budget_ns`] before the wait decided its budget.
+const NO_BUDGET: u64 = u64::MAX;
 
 /// The waiting state of one future.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Waiter {
     since: Option<Instant>,
-    /// Adaptive mode: how long this wait spins, decided at its first spin.
-    budget: Option<Duration>,
+    /// Adaptive mode: how long this wait spins, in nanoseconds, decided at its first spin
+    /// ([`NO_BUDGET`] until then; a plain integer keeps the future 8 bytes smaller than an
+    /// `Option<Duration>`).
+    budget_ns: u64,
     /// This wait is a probe (see [`Latency`]).
     probing: bool,
     /// It went to sleep at least once (its sample then includes a wake-up).
@@ -46,10 +52,27 @@ pub(crate) struct Waiter {
     /// Polls of this wait so far (see [`in_place_polls`](Self::in_place_polls)).
     rounds: u8,
     /// Counted among the sleepers of the watch of this epoch ([`Watch`](super::state::Watch)).
-    pub(crate) watch: Option<u64>,
+    pub(crate) watch: Option<Epoch>,
     /// It went to sleep as the first sleeper: the completion task is to be woken, unless
     /// this future watches the channel itself ([`kick_if_due`](Self::kick_if_due)).
     kick_due: bool,
+}
+
+impl Default for Waiter {
+    #[inline]
+    fn default() -> Waiter {
+        Waiter {
+            since: None,
+            budget_ns: NO_BUDGET,
+            probing: false,
+            slept: false,
+            spinning: false,
+            sleeping: false,
+            rounds: 0,
+            watch: None,
+            kick_due: false,
+        }
+    }
 }
 
 impl Waiter {
@@ -94,14 +117,14 @@ impl Waiter {
             CompletionMode::BusyPoll => true,
             CompletionMode::Event => false,
             CompletionMode::Adaptive { max_spin } => {
-                let budget = match self.budget {
-                    Some(b) => b,
-                    None => {
-                        let (b, probing) = shared.latency.budget(kind, max_spin);
-                        self.probing = probing;
-                        *self.budget.insert(b)
-                    }
-                };
+                if self.budget_ns == NO_BUDGET {
+                    let (b, probing) = shared.latency.budget(kind, max_spin);
+                    self.probing = probing;
+                    // Saturated one short of the marker: a budget of 584 years spins as long.
+                    self.budget_ns =
+                        u64::try_from(b.as_nanos()).map_or(NO_BUDGET - 1, |n| n.min(NO_BUDGET - 1));
+                }
+                let budget = Duration::from_nanos(self.budget_ns);
                 let since = *self.since.get_or_insert_with(Instant::now);
                 !budget.is_zero() && since.elapsed() < budget
             }
@@ -161,7 +184,7 @@ impl Waiter {
                 .latency
                 .finish(kind, since.elapsed(), self.probing && !self.slept);
         }
-        self.budget = None;
+        self.budget_ns = NO_BUDGET;
         self.probing = false;
         self.slept = false;
         self.rounds = 0;
