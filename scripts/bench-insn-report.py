@@ -470,10 +470,14 @@ def report(d, top_n, only, check, side="client"):
         ours, our_pc, our_rows = results[case, "perf"]
         # A busy-polling case counts its empty polls, whose number depends on the timing: if the
         # N1 run spun so much more than the N2 run that the difference is not positive, the
-        # case has no number.
-        if pt is not None and pt <= 0:
+        # case has no number. Nor has it if the N2 run made fewer calls into the provider than
+        # the N1 run (negative prov/op): each operation posts and polls, so the N1 run's extra
+        # spins swamped the difference, and what is left (89 instructions for a round trip of
+        # ib_send_lat, whose posts and polls alone cost ~400) would be taken for a cost and
+        # make insn_ratio_max absurd (36.82 in session 28's full run).
+        if pt is not None and (pt <= 0 or (pt_pc is not None and pt_pc < 0)):
             pt = None
-        if ours is not None and ours <= 0:
+        if ours is not None and (ours <= 0 or (our_pc is not None and our_pc < 0)):
             ours = None
         r = ours / pt if (pt and ours is not None) else None
         if r is not None:
@@ -490,7 +494,8 @@ def report(d, top_n, only, check, side="client"):
     print("  (N2 - N1), after taking out report and sort costs (excluded Ir, see --help). prov/op:")
     print("  calls into the rxe provider per operation (polls, posts, arming), perftest/ours; in")
     print("  busy mode mostly empty polls, whose number depends on timing (n/a: the N1 run spun more")
-    print("  than the N2 run).")
+    print("  than the N2 run; then the case's instructions are n/a too, and it is left out of")
+    print("  insn_ratio_max).")
 
     for case in order:
         profs = loaded[case, "perf"]
