@@ -121,8 +121,7 @@ impl Waiter {
                     let (b, probing) = shared.latency.budget(kind, max_spin);
                     self.probing = probing;
                     // Saturated one short of the marker: a budget of 584 years spins as long.
-                    self.budget_ns =
-                        u64::try_from(b.as_nanos()).map_or(NO_BUDGET - 1, |n| n.min(NO_BUDGET - 1));
+                    self.budget_ns = b.as_nanos().min(u128::from(NO_BUDGET - 1)) as u64;
                 }
                 let budget = Duration::from_nanos(self.budget_ns);
                 let since = *self.since.get_or_insert_with(Instant::now);

@@ -17,8 +17,10 @@ pub enum Queue {
 pub const INLINE_SGES: usize = 4;
 const _: () = assert!(INLINE_SGES <= u8::MAX as usize, "an inline length is a u8");
 
-/// A scatter/gather list: up to [`INLINE_SGES`] entries inline, more on the heap.
-#[derive(Debug)]
+/// A scatter/gather list: up to [`INLINE_SGES`] entries inline, more on the heap. Cloning
+/// an inline list copies its entries and calls no allocator (a coalesced request is cloned
+/// into its queue pair's pending list).
+#[derive(Debug, Clone)]
 pub struct SgList {
     repr: SgRepr,
 }
@@ -26,29 +28,12 @@ pub struct SgList {
 /// Inline entries or a heap list, never both: 72 bytes, where a length, the inline array and
 /// an (empty) `Vec` side by side took 96, in every operation future and every work request
 /// moved through the driver.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum SgRepr {
     /// The first `len` entries of `sges`.
     Inline { len: u8, sges: [Sge; INLINE_SGES] },
     /// A list that outgrew the inline entries (it keeps its heap memory when cleared).
     Heap(Vec<Sge>),
-}
-
-impl Clone for SgList {
-    /// An inline list copies its entries and nothing else (a coalesced request is cloned into
-    /// its queue pair's pending list: no call into the allocator).
-    #[inline]
-    fn clone(&self) -> SgList {
-        SgList {
-            repr: match &self.repr {
-                SgRepr::Inline { len, sges } => SgRepr::Inline {
-                    len: *len,
-                    sges: *sges,
-                },
-                SgRepr::Heap(v) => SgRepr::Heap(v.clone()),
-            },
-        }
-    }
 }
 
 impl Default for SgList {
