@@ -53,7 +53,7 @@ pub(crate) use latency::WaitKind;
 pub(crate) use offload::off_runtime;
 pub use options::{CompletionMode, DriverOptions, DriverStats, QpOptions};
 pub use qp::AsyncQp;
-pub(crate) use raw::{OpConfig, RawOp};
+pub(crate) use raw::{OpConfig, RawOp, Request};
 pub(crate) use shared::Shared;
 pub(crate) use sink::srq_wr_id;
 pub(crate) use wait::{Waiter, wait_until};

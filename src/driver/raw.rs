@@ -2,6 +2,11 @@
 //! [`ops`](crate::ops) wrap it).
 //!
 //! * **Post on first poll**: constructing it does nothing; a future never polled posts nothing.
+//! * **The request is built when it is posted**: the future keeps what the operation asks
+//!   for in a few bytes (its [`Request`]: a remote token, immediate data) and builds the work
+//!   request from that and its buffers on the first poll, on the stack, where it is posted
+//!   from (or moved once into the queue pair's pending list). A request built at creation
+//!   was ~100 bytes of every future, copied each time the future moved.
 //! * **The buffers stay in the future** while the device uses them; only if the future is
 //!   dropped before the completion do they move into the operation table (one allocation, on
 //!   that path only), to be released when the completion arrives. So dropping (or forgetting)
@@ -28,8 +33,21 @@ use super::shared::Shared;
 use super::state::State;
 use super::wait::Waiter;
 use crate::error::Result;
-use crate::proto::{Outcome, QpKey, WorkRequest, box_error};
+use crate::proto::{Outcome, QpKey, Queue, SgList, WorkRequest, box_error};
 use crate::verbs::QpCaps;
+
+/// What one kind of operation asks for, kept by its future until the first poll builds the
+/// work request from it and the buffers `B` ([`RawOp`]). An error building it (a buffer
+/// without a key, too many entries, a remote slice out of bounds) is the operation's outcome,
+/// and nothing is posted.
+pub(crate) trait Request<B>: std::marker::Send + 'static {
+    /// The queue its requests go to.
+    const QUEUE: Queue;
+
+    /// Writes the request for `buf` into `wr` (every field: `wr` may hold anything), checked
+    /// against the queue pair's limits in `cfg`.
+    fn build(&mut self, cfg: &OpConfig, buf: &mut B, wr: &mut WorkRequest) -> Result<()>;
+}
 
 /// What every operation of one queue pair needs to know, behind one pointer: each operation
 /// future holds a clone (one reference count, 8 bytes of the future, not the 40 of the
@@ -63,15 +81,13 @@ impl std::ops::Deref for OpConfig {
 }
 
 /// Where an operation is: plain data, so a change of state is one store and drops nothing.
-/// The request ([`RawOp::wr`], the largest part, posted from where it lies) and the buffers
-/// ([`RawOp::buf`], moved once, out of the resolved future) sit beside it; so does an outcome
-/// known before anyone waited for it ([`RawOp::early`]).
+/// What it asks for ([`RawOp::req`]) and the buffers ([`RawOp::buf`], moved once, out of the
+/// resolved future) sit beside it; so does an outcome known before anyone waited for it
+/// ([`RawOp::early`]).
 #[derive(Debug, Clone, Copy)]
 enum RawState {
-    /// Not polled yet: nothing is posted.
+    /// Not polled yet: nothing is built or posted.
     Init,
-    /// Rejected before posting (the error is in `early`); reported on first poll.
-    Invalid,
     /// Queued or posted. `flushed`: this future already asked for a post.
     InTable { wr_id: u64, flushed: bool },
     /// Resolved before anyone waited ([`RawOp::start`]): the outcome, in `early`, is for the
@@ -83,13 +99,12 @@ enum RawState {
 
 /// The engine shared by all operation futures.
 #[derive(Debug)]
-pub(crate) struct RawOp<B: Send + 'static> {
+pub(crate) struct RawOp<B: Send + 'static, R> {
     cfg: OpConfig,
     state: RawState,
-    /// The request, posted from here on the first poll; dropped with the future.
-    wr: WorkRequest,
-    /// The outcome of an operation rejected before posting, or resolved by
-    /// [`start`](Self::start) before anyone waited.
+    /// What the operation asks for: its work request is built from it on the first poll.
+    req: R,
+    /// The outcome of an operation resolved by [`start`](Self::start) before anyone waited.
     early: Option<Outcome>,
     /// The operation's buffers: here from creation until the future resolves (then handed
     /// out) or is dropped (then parked in the table if the device may still use them).
@@ -106,36 +121,31 @@ pub(crate) struct RawOp<B: Send + 'static> {
     unposted: bool,
 }
 
-impl<B: Send + 'static> RawOp<B> {
+impl<B: Send + 'static, R: Request<B>> RawOp<B, R> {
     #[inline]
-    pub(crate) fn new(cfg: &OpConfig, buf: B, wr: Result<WorkRequest>) -> RawOp<B> {
-        let kind = match &wr {
-            Ok(wr) if wr.queue == crate::proto::Queue::Recv => WaitKind::Recv,
-            _ => WaitKind::Send,
+    pub(crate) fn new(cfg: &OpConfig, buf: B, req: R) -> RawOp<B, R> {
+        let kind = match R::QUEUE {
+            Queue::Recv => WaitKind::Recv,
+            Queue::Send => WaitKind::Send,
         };
-        let (state, wr, early, unposted) = match wr {
-            Ok(wr) => (RawState::Init, wr, None, true),
-            Err(err) => (
-                RawState::Invalid,
-                WorkRequest::recv_list(crate::proto::SgList::new()),
-                Some(Err(box_error(err))),
-                false,
-            ),
-        };
-        if unposted {
-            cfg.shared.unposted.fetch_add(1, Ordering::Relaxed);
-        }
+        cfg.shared.unposted.fetch_add(1, Ordering::Relaxed);
         RawOp {
             cfg: cfg.clone(),
-            state,
-            wr,
-            early,
+            state: RawState::Init,
+            req,
+            early: None,
             buf: Some(buf),
             waiter: Waiter::default(),
             kind,
             eager: false,
-            unposted,
+            unposted: true,
         }
+    }
+
+    /// What the operation asks for (as its first poll left it).
+    #[inline]
+    pub(crate) fn req(&self) -> &R {
+        &self.req
     }
 
     /// Posts the request now, without waiting for its completion; the outcome (also an error
@@ -171,16 +181,18 @@ impl<B: Send + 'static> RawOp<B> {
         let RawOp {
             cfg,
             state,
-            wr,
+            req,
             early,
+            buf,
             waiter,
             kind,
             eager,
             unposted,
-            ..
         } = self;
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
+        // Where the first poll builds the request and posts it from (nothing moves it there).
+        let mut wr = WorkRequest::recv_list(SgList::new());
         // The lock taken to post is kept for the first look at the result.
         let mut posted_under = None;
         // This is `start`'s poll (see `eager`): post only.
@@ -189,7 +201,9 @@ impl<B: Send + 'static> RawOp<B> {
         // overwritten by its table entry's id; an outcome moves out once.
         let (wr_id, flushed) = match state {
             RawState::InTable { wr_id, flushed, .. } => (*wr_id, std::mem::replace(flushed, true)),
-            RawState::Init => match submit(cfg, waiter, *eager, wr, &mut wake) {
+            RawState::Init => match build(cfg, req, buf, &mut wr)
+                .and_then(|()| submit(cfg, waiter, *eager, &mut wr, &mut wake))
+            {
                 Err(err) => {
                     *state = RawState::Done;
                     posted(shared, unposted);
@@ -226,10 +240,6 @@ impl<B: Send + 'static> RawOp<B> {
                     }
                     Poll::Pending => Poll::Pending,
                 };
-            }
-            RawState::Invalid => {
-                *state = RawState::Done;
-                return Poll::Ready(early.take().expect("a rejected operation holds its error"));
             }
             RawState::Done => panic!("operation future polled after completion"),
         };
@@ -373,7 +383,7 @@ fn submit<'s>(
     cfg: &'s OpConfig,
     waiter: &mut Waiter,
     eager: bool,
-    wr: &WorkRequest,
+    wr: &mut WorkRequest,
     wake: &mut Deferred,
 ) -> Result<(u64, Option<MutexGuard<'s, State>>)> {
     let shared: &Shared = &cfg.shared;
@@ -391,7 +401,10 @@ fn submit<'s>(
             wr_id
         }
         // Queued: the request moves to its queue pair's pending list (the slow path).
-        None => st.core.submit_unparked(cfg.qp, wr.clone())?.wr_id,
+        None => {
+            let wr = std::mem::replace(wr, WorkRequest::recv_list(SgList::new()));
+            st.core.submit_unparked(cfg.qp, wr)?.wr_id
+        }
     };
     if !now {
         return Ok((wr_id, None));
@@ -401,6 +414,21 @@ fn submit<'s>(
     }
     wake.take_from(&mut st.out);
     Ok((wr_id, Some(st)))
+}
+
+/// The work request of `req` for `buf` (which a future holds until it resolves), built on
+/// the stack of the poll that posts it.
+#[inline(always)]
+fn build<B, R: Request<B>>(
+    cfg: &OpConfig,
+    req: &mut R,
+    buf: &mut Option<B>,
+    wr: &mut WorkRequest,
+) -> Result<()> {
+    let buf = buf
+        .as_mut()
+        .expect("an operation holds its buffers until it resolves");
+    req.build(cfg, buf, wr)
 }
 
 /// The operation no longer waits to be posted (it was, or it never will be): it stops holding
@@ -414,9 +442,9 @@ fn posted(shared: &Shared, unposted: &mut bool) {
 
 // The buffers are never pinned: their memory is stable (the `IoBuf` contract) and the handles
 // move freely.
-impl<B: Send + 'static> Unpin for RawOp<B> {}
+impl<B: Send + 'static, R> Unpin for RawOp<B, R> {}
 
-impl<B: Send + 'static> Drop for RawOp<B> {
+impl<B: Send + 'static, R> Drop for RawOp<B, R> {
     fn drop(&mut self) {
         let RawOp {
             cfg,
@@ -463,12 +491,40 @@ mod tests {
     #[test]
     fn an_operation_future_stays_small() {
         // The buffer (a 64-byte `Slice` of a registered buffer here) is the caller's; the
-        // engine around it: the shared configuration (one pointer), its state, the request,
-        // an early outcome and the waiting state.
+        // engine around it: the shared configuration (one pointer), its state, what the
+        // operation asks for (a remote token, immediate data: the work request is built when
+        // it is posted, not carried), an early outcome and the waiting state.
         assert_eq!(size_of::<super::OpConfig>(), 8);
-        assert!(size_of::<crate::proto::SgList>() <= 72);
         assert!(size_of::<super::Waiter>() <= 40);
-        let raw = size_of::<super::RawOp<Slice<RegisteredBuffer>>>();
-        assert!(raw <= 264, "RawOp<Slice<RegisteredBuffer>> is {raw} bytes");
+        let sizes = [
+            (
+                "Write",
+                size_of::<crate::ops::Write<Slice<RegisteredBuffer>>>(),
+                184,
+            ),
+            (
+                "Read",
+                size_of::<crate::ops::Read<Slice<RegisteredBuffer>>>(),
+                184,
+            ),
+            (
+                "Send",
+                size_of::<crate::ops::Send<Slice<RegisteredBuffer>>>(),
+                160,
+            ),
+            (
+                "Recv",
+                size_of::<crate::ops::Recv<Slice<RegisteredBuffer>>>(),
+                152,
+            ),
+        ];
+        for (op, size, max) in sizes {
+            assert!(
+                size <= max,
+                "{op}<Slice<RegisteredBuffer>> is {size} bytes, more than {max}"
+            );
+        }
+        // The list a batch or a queued request carries stays small too.
+        assert!(size_of::<crate::proto::SgList>() <= 72);
     }
 }

@@ -5,9 +5,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::buf::{IoBufMut, RemoteToken};
-use crate::driver::{OpConfig, RawOp};
+use crate::driver::{OpConfig, RawOp, Request};
 use crate::error::{Error, InvalidArgument, Result};
-use crate::proto::WorkRequest;
+use crate::proto::{Queue, WorkRequest};
 use crate::verbs::{SendOp, Sge};
 
 /// Validates an atomic's buffers and builds its request.
@@ -16,6 +16,19 @@ pub(crate) fn atomic_request<B: IoBufMut>(
     remote: &RemoteToken,
     op: impl FnOnce(u64, u32) -> SendOp,
 ) -> Result<WorkRequest> {
+    let mut wr = WorkRequest::send(SendOp::Send, &[]);
+    fill_atomic(buf, remote, op, &mut wr)?;
+    Ok(wr)
+}
+
+/// [`atomic_request`] written into `wr` where it lies.
+#[inline]
+fn fill_atomic<B: IoBufMut>(
+    buf: &mut B,
+    remote: &RemoteToken,
+    op: impl FnOnce(u64, u32) -> SendOp,
+    wr: &mut WorkRequest,
+) -> Result<()> {
     if buf.bytes_total() < 8 {
         return Err(Error::InvalidArgument(
             InvalidArgument::AtomicBufferTooSmall,
@@ -30,8 +43,62 @@ pub(crate) fn atomic_request<B: IoBufMut>(
     let lkey = buf
         .lkey()
         .ok_or(Error::InvalidArgument(InvalidArgument::AtomicNoLkey))?;
-    let sge = Sge::new(buf.stable_mut_ptr() as u64, 8, lkey);
-    Ok(WorkRequest::send(op(remote_addr, remote.rkey()), &[sge]))
+    wr.sges.clear();
+    wr.sges.push(Sge::new(buf.stable_mut_ptr() as u64, 8, lkey));
+    wr.op = op(remote_addr, remote.rkey());
+    wr.queue = Queue::Send;
+    wr.inline = false;
+    wr.solicited = false;
+    Ok(())
+}
+
+/// What an atomic asks for (its request is built when it is posted).
+#[derive(Debug)]
+pub(crate) enum AtomicReq {
+    CompareSwap {
+        remote: RemoteToken,
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        remote: RemoteToken,
+        add: u64,
+    },
+}
+
+impl<B: IoBufMut> Request<B> for AtomicReq {
+    const QUEUE: Queue = Queue::Send;
+
+    #[inline]
+    fn build(&mut self, _cfg: &OpConfig, buf: &mut B, wr: &mut WorkRequest) -> Result<()> {
+        match *self {
+            AtomicReq::CompareSwap {
+                ref remote,
+                compare,
+                swap,
+            } => fill_atomic(
+                buf,
+                remote,
+                |remote_addr, rkey| SendOp::CompareSwap {
+                    remote_addr,
+                    rkey,
+                    compare,
+                    swap,
+                },
+                wr,
+            ),
+            AtomicReq::FetchAdd { ref remote, add } => fill_atomic(
+                buf,
+                remote,
+                |remote_addr, rkey| SendOp::FetchAdd {
+                    remote_addr,
+                    rkey,
+                    add,
+                },
+                wr,
+            ),
+        }
+    }
 }
 
 pub(crate) fn previous_value<B: IoBufMut>(buf: &mut B) -> u64 {
@@ -56,7 +123,7 @@ macro_rules! atomic_future {
         #[derive(Debug)]
         #[must_use = "operations do nothing until polled"]
         pub struct $name<B: IoBufMut> {
-            raw: RawOp<B>,
+            raw: RawOp<B, AtomicReq>,
         }
 
         impl<B: IoBufMut> Future for $name<B> {
@@ -99,19 +166,18 @@ impl<B: IoBufMut> CompareSwap<B> {
     #[inline]
     pub(crate) fn new(
         cfg: &OpConfig,
-        mut buf: B,
+        buf: B,
         remote: RemoteToken,
         compare: u64,
         swap: u64,
     ) -> Self {
-        let wr = atomic_request(&mut buf, &remote, |remote_addr, rkey| SendOp::CompareSwap {
-            remote_addr,
-            rkey,
+        let req = AtomicReq::CompareSwap {
+            remote,
             compare,
             swap,
-        });
+        };
         CompareSwap {
-            raw: RawOp::new(cfg, buf, wr),
+            raw: RawOp::new(cfg, buf, req),
         }
     }
 }
@@ -126,14 +192,9 @@ impl<B: IoBufMut> FetchAdd<B> {
     }
 
     #[inline]
-    pub(crate) fn new(cfg: &OpConfig, mut buf: B, remote: RemoteToken, add: u64) -> Self {
-        let wr = atomic_request(&mut buf, &remote, |remote_addr, rkey| SendOp::FetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        });
+    pub(crate) fn new(cfg: &OpConfig, buf: B, remote: RemoteToken, add: u64) -> Self {
         FetchAdd {
-            raw: RawOp::new(cfg, buf, wr),
+            raw: RawOp::new(cfg, buf, AtomicReq::FetchAdd { remote, add }),
         }
     }
 }

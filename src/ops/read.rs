@@ -4,11 +4,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::sg::{SgTarget, target_list};
+use super::sg::{SgTarget, target_list_into};
 use crate::buf::RemoteToken;
-use crate::driver::{OpConfig, RawOp};
+use crate::driver::{OpConfig, RawOp, Request};
 use crate::error::Result;
-use crate::proto::WorkRequest;
+use crate::proto::{Queue, WorkRequest};
 use crate::verbs::SendOp;
 
 /// The future of [`AsyncQp::read`](crate::driver::AsyncQp::read): fills the buffer's whole
@@ -22,8 +22,35 @@ use crate::verbs::SendOp;
 #[derive(Debug)]
 #[must_use = "operations do nothing until polled"]
 pub struct Read<B: SgTarget> {
-    raw: RawOp<B>,
+    raw: RawOp<B, ReadReq>,
+}
+
+/// What a read asks for (its request is built when it is posted).
+#[derive(Debug)]
+pub(crate) struct ReadReq {
+    remote: RemoteToken,
+    /// Bytes read: the buffers' whole capacity, known once the request is built.
     len: u64,
+}
+
+impl<B: SgTarget> Request<B> for ReadReq {
+    const QUEUE: Queue = Queue::Send;
+
+    #[inline(always)]
+    fn build(&mut self, cfg: &OpConfig, buf: &mut B, wr: &mut WorkRequest) -> Result<()> {
+        target_list_into(buf, cfg.caps.max_send_sge, &mut wr.sges)?;
+        let len = wr.sges.total_len();
+        let remote_addr = self.remote.check(0, len)?;
+        self.len = len;
+        wr.op = SendOp::Read {
+            remote_addr,
+            rkey: self.remote.rkey(),
+        };
+        wr.queue = Queue::Send;
+        wr.inline = false;
+        wr.solicited = false;
+        Ok(())
+    }
 }
 
 impl<B: SgTarget> Read<B> {
@@ -36,22 +63,9 @@ impl<B: SgTarget> Read<B> {
     }
 
     #[inline]
-    pub(crate) fn new(cfg: &OpConfig, mut buf: B, remote: RemoteToken) -> Read<B> {
-        let mut len = 0;
-        let wr = target_list(&mut buf, cfg.caps.max_send_sge).and_then(|sges| {
-            len = sges.total_len();
-            let remote_addr = remote.check(0, len)?;
-            Ok(WorkRequest::send_list(
-                SendOp::Read {
-                    remote_addr,
-                    rkey: remote.rkey(),
-                },
-                sges,
-            ))
-        });
+    pub(crate) fn new(cfg: &OpConfig, buf: B, remote: RemoteToken) -> Read<B> {
         Read {
-            raw: RawOp::new(cfg, buf, wr),
-            len,
+            raw: RawOp::new(cfg, buf, ReadReq { remote, len: 0 }),
         }
     }
 }
@@ -60,8 +74,9 @@ impl<B: SgTarget> Future for Read<B> {
     type Output = (Result<()>, B);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let len = self.len as usize;
-        self.raw.poll_raw(cx).map(|(res, mut buf)| {
+        let raw = &mut self.raw;
+        raw.poll_raw(cx).map(|(res, mut buf)| {
+            let len = raw.req().len as usize;
             if res.is_ok() {
                 buf.set_filled(len);
             }

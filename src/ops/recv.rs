@@ -4,10 +4,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::sg::{SgTarget, target_list};
-use crate::driver::{OpConfig, RawOp};
+use super::sg::{SgTarget, target_list_into};
+use crate::driver::{OpConfig, RawOp, Request};
 use crate::error::Result;
-use crate::proto::WorkRequest;
+use crate::proto::{Queue, WorkRequest};
 
 /// What a completed receive reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,15 +29,31 @@ pub struct RecvInfo {
 #[derive(Debug)]
 #[must_use = "operations do nothing until polled"]
 pub struct Recv<B: SgTarget> {
-    raw: RawOp<B>,
+    raw: RawOp<B, RecvReq>,
+}
+
+/// What a receive asks for: nothing but its buffers (its request is built when it is posted).
+#[derive(Debug)]
+pub(crate) struct RecvReq;
+
+impl<B: SgTarget> Request<B> for RecvReq {
+    const QUEUE: Queue = Queue::Recv;
+
+    #[inline(always)]
+    fn build(&mut self, cfg: &OpConfig, buf: &mut B, wr: &mut WorkRequest) -> Result<()> {
+        target_list_into(buf, cfg.caps.max_recv_sge, &mut wr.sges)?;
+        wr.queue = Queue::Recv;
+        wr.inline = false;
+        wr.solicited = false;
+        Ok(())
+    }
 }
 
 impl<B: SgTarget> Recv<B> {
     #[inline]
-    pub(crate) fn new(cfg: &OpConfig, mut buf: B) -> Recv<B> {
-        let wr = target_list(&mut buf, cfg.caps.max_recv_sge).map(WorkRequest::recv_list);
+    pub(crate) fn new(cfg: &OpConfig, buf: B) -> Recv<B> {
         Recv {
-            raw: RawOp::new(cfg, buf, wr),
+            raw: RawOp::new(cfg, buf, RecvReq),
         }
     }
 

@@ -5,9 +5,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::sg::{SgSource, source_list_into};
-use crate::driver::{OpConfig, RawOp};
+use crate::driver::{OpConfig, RawOp, Request};
 use crate::error::Result;
-use crate::proto::{Queue, SgList, WorkRequest};
+use crate::proto::{Queue, WorkRequest};
 use crate::verbs::SendOp;
 
 /// The future of [`AsyncQp::send`](crate::driver::AsyncQp::send) and
@@ -21,7 +21,22 @@ use crate::verbs::SendOp;
 #[derive(Debug)]
 #[must_use = "operations do nothing until polled"]
 pub struct Send<B: SgSource> {
-    raw: RawOp<B>,
+    raw: RawOp<B, SendReq>,
+}
+
+/// What a send asks for (its request is built when it is posted).
+#[derive(Debug)]
+pub(crate) struct SendReq {
+    imm: Option<u32>,
+}
+
+impl<B: SgSource> Request<B> for SendReq {
+    const QUEUE: Queue = Queue::Send;
+
+    #[inline(always)]
+    fn build(&mut self, cfg: &OpConfig, buf: &mut B, wr: &mut WorkRequest) -> Result<()> {
+        fill_send(cfg, buf, self.imm, wr)
+    }
 }
 
 impl<B: SgSource> Send<B> {
@@ -35,27 +50,15 @@ impl<B: SgSource> Send<B> {
 
     #[inline]
     pub(crate) fn new(cfg: &OpConfig, buf: B, imm: Option<u32>) -> Send<B> {
-        let wr = send_request(cfg, &buf, imm);
         Send {
-            raw: RawOp::new(cfg, buf, wr),
+            raw: RawOp::new(cfg, buf, SendReq { imm }),
         }
     }
 }
 
 /// The work request of a send of `buf` (with immediate data if `imm`), checked against the
-/// queue pair's limits.
-#[inline]
-pub(crate) fn send_request<B: SgSource>(
-    cfg: &OpConfig,
-    buf: &B,
-    imm: Option<u32>,
-) -> Result<WorkRequest> {
-    let mut wr = WorkRequest::send_list(SendOp::Send, SgList::new());
-    fill_send(cfg, buf, imm, &mut wr)?;
-    Ok(wr)
-}
-
-/// [`send_request`] written into `wr` where it lies (a batch's slot: nothing moved).
+/// queue pair's limits, written into `wr` where it lies (a batch's slot, the stack of the poll
+/// that posts it: nothing moved).
 #[inline]
 pub(crate) fn fill_send<B: SgSource>(
     cfg: &OpConfig,

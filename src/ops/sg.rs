@@ -144,13 +144,17 @@ pub(crate) fn source_list_into<S: SgSource>(src: &S, max_sge: u32, out: &mut SgL
     check_count(out.len(), max_sge)
 }
 
-/// Builds the scatter/gather list of a target, checking the queue pair's SGE limit.
+/// Builds the scatter/gather list of a target into `out` (emptied first; a spilled one keeps
+/// its memory), checking the queue pair's SGE limit.
 #[inline]
-pub(crate) fn target_list<T: SgTarget>(dst: &mut T, max_sge: u32) -> Result<SgList> {
-    let mut l = SgList::new();
-    dst.target_segments(&mut l)?;
-    check_count(l.len(), max_sge)?;
-    Ok(l)
+pub(crate) fn target_list_into<T: SgTarget>(
+    dst: &mut T,
+    max_sge: u32,
+    out: &mut SgList,
+) -> Result<()> {
+    out.clear();
+    dst.target_segments(out)?;
+    check_count(out.len(), max_sge)
 }
 
 /// Refuses more scatter/gather entries than a queue allows (`TooManySges`).

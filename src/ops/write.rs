@@ -6,9 +6,9 @@ use std::task::{Context, Poll};
 
 use super::sg::{SgSource, source_list_into};
 use crate::buf::RemoteToken;
-use crate::driver::{OpConfig, RawOp};
+use crate::driver::{OpConfig, RawOp, Request};
 use crate::error::Result;
-use crate::proto::{Queue, SgList, WorkRequest};
+use crate::proto::{Queue, WorkRequest};
 use crate::verbs::SendOp;
 
 /// The future of [`AsyncQp::write`](crate::driver::AsyncQp::write) and
@@ -24,7 +24,23 @@ use crate::verbs::SendOp;
 #[derive(Debug)]
 #[must_use = "operations do nothing until polled"]
 pub struct Write<B: SgSource> {
-    raw: RawOp<B>,
+    raw: RawOp<B, WriteReq>,
+}
+
+/// What a write asks for (its request is built when it is posted).
+#[derive(Debug)]
+pub(crate) struct WriteReq {
+    remote: RemoteToken,
+    imm: Option<u32>,
+}
+
+impl<B: SgSource> Request<B> for WriteReq {
+    const QUEUE: Queue = Queue::Send;
+
+    #[inline(always)]
+    fn build(&mut self, cfg: &OpConfig, buf: &mut B, wr: &mut WorkRequest) -> Result<()> {
+        fill_write(cfg, buf, self.remote, self.imm, wr)
+    }
 }
 
 impl<B: SgSource> Write<B> {
@@ -38,28 +54,15 @@ impl<B: SgSource> Write<B> {
 
     #[inline]
     pub(crate) fn new(cfg: &OpConfig, buf: B, remote: RemoteToken, imm: Option<u32>) -> Write<B> {
-        let wr = write_request(cfg, &buf, remote, imm);
         Write {
-            raw: RawOp::new(cfg, buf, wr),
+            raw: RawOp::new(cfg, buf, WriteReq { remote, imm }),
         }
     }
 }
 
 /// The work request of a write of `buf` to `remote` (with immediate data if `imm`), checked
-/// against the token and the queue pair's limits.
-#[inline]
-pub(crate) fn write_request<B: SgSource>(
-    cfg: &OpConfig,
-    buf: &B,
-    remote: RemoteToken,
-    imm: Option<u32>,
-) -> Result<WorkRequest> {
-    let mut wr = WorkRequest::send_list(SendOp::Send, SgList::new());
-    fill_write(cfg, buf, remote, imm, &mut wr)?;
-    Ok(wr)
-}
-
-/// [`write_request`] written into `wr` where it lies (a batch's slot: nothing moved).
+/// against the token and the queue pair's limits, written into `wr` where it lies (a batch's
+/// slot, the stack of the poll that posts it: nothing moved).
 #[inline]
 pub(crate) fn fill_write<B: SgSource>(
     cfg: &OpConfig,

@@ -71,6 +71,16 @@ impl SgList {
                 sges[usize::from(*len)] = sge;
                 *len += 1;
             }
+            _ => self.push_spilled(sge),
+        }
+    }
+
+    /// [`push`](Self::push) past the inline entries, out of line: the inline case, every
+    /// operation's, stays a few instructions in its caller.
+    #[cold]
+    #[inline(never)]
+    fn push_spilled(&mut self, sge: Sge) {
+        match &mut self.repr {
             SgRepr::Inline { sges, .. } => {
                 let mut v = Vec::with_capacity(2 * INLINE_SGES);
                 v.extend_from_slice(sges);
