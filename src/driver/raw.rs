@@ -17,9 +17,10 @@
 //! * **Coalescing** ([`QpOptions::coalesce`](super::QpOptions::coalesce)): the first poll queues
 //!   the request and yields once, so requests started in the same wake go in one doorbell.
 //! * **Backpressure**: a full send queue makes the future wait; it is not an error.
-//! * **No allocation** in steady state: the request (with up to
-//!   [`INLINE_SGES`](crate::proto::INLINE_SGES) entries) sits in the future or its table slot,
-//!   work requests are built on the stack, wakers are collected in a fixed array.
+//! * **No allocation** in steady state: a request (with up to
+//!   [`INLINE_SGES`](crate::proto::INLINE_SGES) entries) is built on the stack and, if it must
+//!   queue, moved into its queue pair's pending list (which keeps its memory); wakers are
+//!   collected in a fixed array.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
