@@ -192,8 +192,6 @@ impl<B: Send + 'static, R: Request<B>> RawOp<B, R> {
         } = self;
         let shared: &Shared = &cfg.shared;
         let mut wake = Deferred::default();
-        // Where the first poll builds the request and posts it from (nothing moves it there).
-        let mut wr = WorkRequest::recv_list(SgList::new());
         // The lock taken to post is kept for the first look at the result.
         let mut posted_under = None;
         // This is `start`'s poll (see `eager`): post only.
@@ -202,35 +200,40 @@ impl<B: Send + 'static, R: Request<B>> RawOp<B, R> {
         // overwritten by its table entry's id; an outcome moves out once.
         let (wr_id, flushed) = match state {
             RawState::InTable { wr_id, flushed, .. } => (*wr_id, std::mem::replace(flushed, true)),
-            RawState::Init => match build(cfg, req, buf, &mut wr)
-                .and_then(|()| submit(cfg, waiter, *eager, &mut wr, &mut wake))
-            {
-                Err(err) => {
-                    *state = RawState::Done;
-                    posted(shared, unposted);
-                    return Poll::Ready(Err(box_error(err)));
+            RawState::Init => {
+                // Built where it is posted from (nothing moves it there), on the first poll
+                // only: later polls find it posted.
+                let mut wr = WorkRequest::recv_list(SgList::new());
+                match build(cfg, req, buf, &mut wr)
+                    .and_then(|()| submit(cfg, waiter, *eager, &mut wr, &mut wake))
+                {
+                    Err(err) => {
+                        *state = RawState::Done;
+                        posted(shared, unposted);
+                        return Poll::Ready(Err(box_error(err)));
+                    }
+                    Ok((wr_id, None)) => {
+                        // Queued on a coalescing queue pair: yield once so that siblings started
+                        // in this wake queue up too; the next poll posts them all with one
+                        // doorbell.
+                        *state = RawState::InTable {
+                            wr_id,
+                            flushed: false,
+                        };
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    Ok((wr_id, Some(st))) => {
+                        posted_under = Some(st);
+                        starting = *eager;
+                        *state = RawState::InTable {
+                            wr_id,
+                            flushed: true,
+                        };
+                        (wr_id, true)
+                    }
                 }
-                Ok((wr_id, None)) => {
-                    // Queued on a coalescing queue pair: yield once so that siblings started
-                    // in this wake queue up too; the next poll posts them all with one
-                    // doorbell.
-                    *state = RawState::InTable {
-                        wr_id,
-                        flushed: false,
-                    };
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                Ok((wr_id, Some(st))) => {
-                    posted_under = Some(st);
-                    starting = *eager;
-                    *state = RawState::InTable {
-                        wr_id,
-                        flushed: true,
-                    };
-                    (wr_id, true)
-                }
-            },
+            }
             RawState::Ready => {
                 // Complete, held back by a spent budget (below): hand it out on a fresh one.
                 return match tokio::task::coop::poll_proceed(cx) {
@@ -497,27 +500,12 @@ mod tests {
         // it is posted, not carried), an early outcome and the waiting state.
         assert_eq!(size_of::<super::OpConfig>(), 8);
         assert!(size_of::<super::Waiter>() <= 40);
+        type Buf = Slice<RegisteredBuffer>;
         let sizes = [
-            (
-                "Write",
-                size_of::<crate::ops::Write<Slice<RegisteredBuffer>>>(),
-                184,
-            ),
-            (
-                "Read",
-                size_of::<crate::ops::Read<Slice<RegisteredBuffer>>>(),
-                184,
-            ),
-            (
-                "Send",
-                size_of::<crate::ops::Send<Slice<RegisteredBuffer>>>(),
-                160,
-            ),
-            (
-                "Recv",
-                size_of::<crate::ops::Recv<Slice<RegisteredBuffer>>>(),
-                152,
-            ),
+            ("Write", size_of::<crate::ops::Write<Buf>>(), 184),
+            ("Read", size_of::<crate::ops::Read<Buf>>(), 184),
+            ("Send", size_of::<crate::ops::Send<Buf>>(), 160),
+            ("Recv", size_of::<crate::ops::Recv<Buf>>(), 152),
         ];
         for (op, size, max) in sizes {
             assert!(
